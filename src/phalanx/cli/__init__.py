@@ -1,0 +1,1 @@
+"""The ``phalanx`` command line (typer + rich)."""

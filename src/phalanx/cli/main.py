@@ -1,0 +1,61 @@
+"""The ``phalanx`` command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+
+from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run PyTorch training jobs and keep them running.")
+err = Console(stderr=True, soft_wrap=True)
+
+JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=False)
+
+
+def _load(path: Path) -> JobSpec:
+    try:
+        return load_spec(path)
+    except SpecError as e:
+        err.print(f"[bold red]invalid job spec[/] {e.source}:")
+        for issue in e.issues:
+            err.print(f"  [red]-[/] [bold]{issue.path or '(file)'}[/]: {issue.message}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(job: Path = JOB) -> None:
+    """Print the resolved spec (defaults filled in), or every error in it; exit 2 on errors."""
+    spec = _load(job)
+    Console().print(Syntax(dump_spec(spec), "yaml", background_color="default"))
+    if spec.parallel:
+        p = spec.parallel
+        err.print(
+            f"mesh: dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} "
+            f"(world size {spec.resources.world_size})"
+        )
+
+
+@app.command()
+def run(
+    job: Path = JOB,
+    runs_dir: Path = typer.Option(Path("runs"), help="where run directories are created: <runs-dir>/<name>/<run id>"),
+) -> None:
+    """Run a job on this machine under a supervisor; the exit code says how it ended (0 succeeded)."""
+    from phalanx.launch import LaunchError, Supervisor
+
+    spec = _load(job)
+    try:
+        supervisor = Supervisor(spec, runs_dir)
+    except LaunchError as e:
+        err.print(f"[bold red]cannot start[/] {spec.name}: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    result = supervisor.run()
+    raise typer.Exit(result.exit_code)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,64 @@
+"""The run directory: everything one run leaves behind, in one place, with one layout.
+
+runs/<name>/<run id>/
+    spec.yaml          the resolved spec the run was started with
+    events.jsonl       supervisor events (attempts, failures, signals, the outcome)
+    metrics.jsonl      per-step metrics written by rank 0
+    result.json        outcome, exit code and reason, written when the run ends
+    logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended
+    logs/rank-<r>.error.json  the root cause a rank recorded with torch's @record, if any
+    checkpoints/       checkpoints, unless checkpoint.dir points elsewhere
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def create(cls, runs_root: str | Path, job_name: str) -> RunDir:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        run = cls(Path(runs_root).absolute() / job_name / run_id)
+        run.logs.mkdir(parents=True)
+        return run
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.root.parent.name}/{self.root.name}"
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.yaml"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def error_file(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.error.json"

@@ -1,0 +1,254 @@
+"""The per-node supervisor: start the workers, watch them, stop them, say how the job ended.
+
+Why not torch.distributed.elastic's agent (LocalElasticAgent, what torchrun runs)? We evaluated it and use
+its protocols but not its control loop:
+- its monitor loop restarts on every failure alike, with no room to classify failures (a user's import error
+  should not be retried, a lost node should), to watch heartbeats for hangs, to dump every rank's stacks
+  before a kill, or to shrink the world by our own policy; all of that is phalanx's job (resilience/);
+- its process layer (elastic.multiprocessing.PContext) installs process-wide signal handlers, closes workers
+  with a fixed SIGTERM and 30 s on any failure, and tees output by polling log files.
+What we keep from torch.distributed, so that a plain torchrun script runs unchanged: the supervisor hosts a
+c10d TCPStore per attempt and workers join it through the agent-store protocol
+(TORCHELASTIC_USE_AGENT_STORE, MASTER_ADDR/PORT), the torchrun environment variables, and the elastic error
+file (TORCHELASTIC_ERROR_FILE, written by ``@record``) for a rank's root cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from torch.distributed import TCPStore
+
+from phalanx.launch.rundir import RunDir
+from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
+from phalanx.obs import EventLog
+from phalanx.spec import JobSpec, dump_spec
+
+POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: Outcome
+    exit_code: int  # 0 succeeded, 1 a worker failed, 128 + signal when stopped by a signal
+    reason: str
+    run_dir: str
+    failed_rank: int | None = None
+
+
+class LaunchError(RuntimeError):
+    """The job cannot start on this machine as specified (not a failure of the job itself)."""
+
+
+def resolve_device(requested: str, procs_per_node: int) -> str:
+    import torch
+
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        have = torch.cuda.device_count()
+        if have < procs_per_node:
+            raise LaunchError(
+                f"resources.device = cuda with procs_per_node = {procs_per_node}, but this machine has {have} "
+                f"CUDA device(s); use procs_per_node <= {have} or device: cpu"
+            )
+    return requested
+
+
+def worker_argv(spec: JobSpec) -> list[str]:
+    """What each worker runs; ``python`` in a command means this interpreter, as a venv user expects."""
+    if spec.command is None:
+        return [sys.executable, "-m", "phalanx.train.main"]
+    head, *rest = spec.command
+    return [sys.executable, *rest] if head in ("python", "python3") else list(spec.command)
+
+
+class Supervisor:
+    def __init__(self, spec: JobSpec, runs_root: str | Path, console: TextIO = sys.stdout):
+        """Check the job can start here, then create its run directory under ``runs_root``."""
+        if spec.resources.nodes != 1:
+            raise LaunchError(
+                f"resources.nodes = {spec.resources.nodes}: `phalanx run` runs one node on this machine; "
+                "use nodes: 1 (multi-node jobs need a cluster executor, which phalanx does not have yet)"
+            )
+        self.spec = spec
+        self.device = resolve_device(spec.resources.device, spec.resources.procs_per_node)
+        self.run_dir = RunDir.create(runs_root, spec.name)
+        self.console = console
+        self.console_lock = threading.Lock()
+        self.events = EventLog(self.run_dir.events)
+        self._signals: list[int] = []
+
+    def say(self, message: str) -> None:
+        with self.console_lock:
+            self.console.write(f"[phalanx] {message}\n")
+            self.console.flush()
+
+    def run(self) -> RunResult:
+        self.run_dir.spec.write_text(dump_spec(self.spec))
+        self.events.emit(
+            "run_started",
+            run_id=self.run_dir.run_id,
+            world_size=self.spec.resources.world_size,
+            device=self.device,
+            argv=worker_argv(self.spec),
+        )
+        with self._forwarded_signals():
+            result = self._attempt(0)
+        self.events.emit("run_finished", **asdict(result))
+        self.run_dir.result.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        return result
+
+    def _attempt(self, attempt: int) -> RunResult:
+        store = TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
+        )
+        group = WorkerGroup(self._workers(attempt, store.port), self.console, self.console_lock)
+        self.say(
+            f"run {self.run_dir.run_id}: {len(group.workers)} worker(s) on {self.device}, logs in {self.run_dir.logs}"
+        )
+        group.start(header=f"attempt {attempt}")
+        self.events.emit(
+            "attempt_started",
+            attempt=attempt,
+            rendezvous_port=store.port,
+            pids={w.rank: w.proc.pid for w in group.workers if w.proc},
+        )
+        while True:
+            if self._signals:
+                return self._stop_on_signal(group)
+            failed = [w for w in group.exited() if w.returncode != 0]
+            if failed:
+                return self._stop_on_failure(group, failed[0])
+            if not group.running():
+                group.join()
+                self.say(f"succeeded: all {len(group.workers)} worker(s) exited with code 0")
+                return RunResult(Outcome.SUCCEEDED, 0, "all workers exited with code 0", str(self.run_dir.root))
+            time.sleep(POLL_S)
+
+    def _workers(self, attempt: int, port: int) -> list[Worker]:
+        res = self.spec.resources
+        base = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get(
+                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // res.procs_per_node))
+            ),
+            **self.spec.env,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(res.world_size),
+            "LOCAL_WORLD_SIZE": str(res.procs_per_node),
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": str(res.nodes),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(res.world_size),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RUN_ID": self.run_dir.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.spec.resilience.max_restarts),
+            "PYTHONUNBUFFERED": "1",
+            "PHALANX_RUN_ID": self.run_dir.run_id,
+            "PHALANX_RUN_DIR": str(self.run_dir.root),
+            "PHALANX_SPEC": str(self.run_dir.spec),
+            "PHALANX_ATTEMPT": str(attempt),
+            "PHALANX_DEVICE": self.device,
+        }
+        workers = []
+        for local_rank in range(res.procs_per_node):
+            rank = local_rank  # node 0 of 1
+            error_file = self.run_dir.error_file(rank)
+            error_file.unlink(missing_ok=True)
+            env = {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "ROLE_RANK": str(rank),
+                "TORCHELASTIC_ERROR_FILE": str(error_file),
+            }
+            workers.append(Worker(rank, worker_argv(self.spec), env, self.run_dir.log(rank)))
+        return workers
+
+    def _stop_on_failure(self, group: WorkerGroup, first: Worker) -> RunResult:
+        assert first.proc is not None and first.returncode is not None
+        cause = describe_exit(first.returncode)
+        detail = recorded_error(self.run_dir.error_file(first.rank))
+        self.say(f"rank {first.rank} (pid {first.proc.pid}) {cause}; stopping the other workers")
+        group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
+        others = [
+            f"rank {w.rank} {describe_exit(w.returncode)}"
+            for w in group.workers
+            if w is not first and w.returncode not in (None, 0)
+        ]
+        self.events.emit(
+            "worker_failed",
+            rank=first.rank,
+            pid=first.proc.pid,
+            returncode=first.returncode,
+            error=detail or None,
+            then=others,
+        )
+        tail = _tail(self.run_dir.log(first.rank), 15)
+        self.say(
+            f"failed: rank {first.rank} {cause}"
+            + (f": {detail}" if detail else "")
+            + (f"\n  last lines of {self.run_dir.log(first.rank)}:\n" + tail if tail else "")
+        )
+        reason = f"rank {first.rank} {cause}" + (f": {detail}" if detail else "")
+        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank)
+
+    def _stop_on_signal(self, group: WorkerGroup) -> RunResult:
+        sig = self._signals[0]
+        name = signal.Signals(sig).name
+        self.say(
+            f"received {name}: forwarding it to {len(group.running())} worker(s), "
+            f"{self.spec.resilience.stop_grace_s:g} s before SIGKILL (send it again to kill now)"
+        )
+        self.events.emit("signal_received", signal=name)
+        group.stop(sig, self.spec.resilience.stop_grace_s, abort=lambda: len(self._signals) > 1)
+        self.say(f"stopped by {name}")
+        return RunResult(Outcome.STOPPED, 128 + sig, f"stopped by {name}", str(self.run_dir.root))
+
+    @contextlib.contextmanager
+    def _forwarded_signals(self):
+        """Record SIGINT/SIGTERM for the loop to forward instead of dying on them; restore the handlers after."""
+        caught = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, lambda signum, _frame: self._signals.append(signum)) for sig in caught}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def recorded_error(error_file: Path) -> str:
+    """The root cause a worker wrote with torch's ``@record`` (elastic error-file format), or ""."""
+    try:
+        message = json.loads(error_file.read_text()).get("message", "")
+    except (OSError, ValueError):
+        return ""
+    return message.get("message", "") if isinstance(message, dict) else str(message)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(f"    {line}" for line in text[-lines:])

@@ -1,0 +1,119 @@
+"""The worker processes of one attempt on this node.
+
+Each worker runs in its own session (process group), so a signal reaches it and any processes it started
+(data-loader workers, compile workers), and a Ctrl-C at the terminal reaches only the supervisor, which
+forwards it once. Output is merged per rank and teed, line by line, to the rank's log file and to the
+console with a rank prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass
+class Worker:
+    rank: int
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    exited_at: float | None = None  # monotonic time the exit was seen, to order failures
+    _pump: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.exited_at is not None and self.proc else None
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class WorkerGroup:
+    def __init__(self, workers: Sequence[Worker], console: TextIO, console_lock: threading.Lock):
+        self.workers = list(workers)
+        self._console = console
+        self._console_lock = console_lock
+
+    def start(self, header: str) -> None:
+        for w in self.workers:
+            log = w.log_path.open("ab")
+            log.write(f"===== {header} =====\n".encode())
+            log.flush()
+            w.proc = subprocess.Popen(
+                w.argv,
+                env=dict(w.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            w._pump = threading.Thread(target=self._pump, args=(w, log), name=f"rank{w.rank}-output", daemon=True)
+            w._pump.start()
+            threading.Thread(target=self._reap, args=(w,), name=f"rank{w.rank}-reaper", daemon=True).start()
+
+    @staticmethod
+    def _reap(w: Worker) -> None:
+        """Record the moment the worker exits: the first of several failures is the root cause."""
+        assert w.proc is not None
+        w.proc.wait()
+        w.exited_at = time.monotonic()
+
+    def _pump(self, w: Worker, log) -> None:
+        """Tee the worker's output until every holder of its pipe has closed it."""
+        assert w.proc is not None and w.proc.stdout is not None
+        prefix = f"[rank{w.rank}]: "
+        with log:
+            for raw in w.proc.stdout:
+                log.write(raw)
+                log.flush()
+                with self._console_lock:
+                    self._console.write(prefix + raw.decode(errors="replace").rstrip("\n") + "\n")
+                    self._console.flush()
+
+    def exited(self) -> list[Worker]:
+        """Workers whose exit has been seen, earliest first."""
+        done = [w for w in self.workers if w.exited_at is not None]
+        return sorted(done, key=lambda w: w.exited_at or 0.0)
+
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.exited_at is None]
+
+    def send(self, sig: int) -> None:
+        for w in self.running():
+            assert w.proc is not None
+            with contextlib.suppress(ProcessLookupError):  # it exited between the check and the signal
+                os.killpg(w.proc.pid, sig)
+
+    def stop(self, sig: int, grace_s: float, abort: Callable[[], bool] = lambda: False) -> None:
+        """Send ``sig`` to every running worker, give them ``grace_s`` (or until ``abort()``), then SIGKILL the rest."""
+        self.send(sig)
+        deadline = time.monotonic() + grace_s
+        while self.running() and time.monotonic() < deadline and not abort():
+            time.sleep(0.05)
+        if self.running():
+            self.send(signal.SIGKILL)
+        self.join()
+
+    def join(self) -> None:
+        """Wait for every worker to exit and for its output to be written out."""
+        for w in self.workers:
+            assert w.proc is not None
+            w.proc.wait()
+            if w._pump is not None:
+                w._pump.join(timeout=5.0)  # a grandchild that left the session may hold the pipe; don't wait on it

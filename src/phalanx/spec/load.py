@@ -1,0 +1,95 @@
+"""Read a job spec from YAML and turn every problem into a message naming the field, the value and what is valid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from phalanx.spec.model import JobSpec
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    path: str  # dotted field path, e.g. "train.parallel.dp_shard"; "" for the document itself
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(ValueError):
+    """A job spec that cannot run, with every issue found (not just the first)."""
+
+    def __init__(self, source: str, issues: list[SpecIssue]):
+        self.source = source
+        self.issues = issues
+        lines = "\n".join(f"  - {issue}" for issue in issues)
+        super().__init__(f"invalid job spec {source}:\n{lines}")
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(str(path), [SpecIssue("", f"cannot read the file: {e.strerror}")]) from e
+    return parse_spec(text, source=str(path))
+
+
+def parse_spec(text: str, source: str = "<string>") -> JobSpec:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(source, [SpecIssue("", f"not valid YAML: {e}")]) from e
+    if not isinstance(data, dict):
+        raise SpecError(source, [SpecIssue("", f"expected a mapping of fields at the top, got {type(data).__name__}")])
+    return validate_spec(data, source)
+
+
+def validate_spec(data: dict[str, Any], source: str = "<dict>") -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(source, [issue for err in e.errors() for issue in _issues(err)]) from None
+
+
+def dump_spec(spec: JobSpec) -> str:
+    """The resolved spec as YAML, defaults filled in, keys as a user writes them."""
+    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+
+
+def _issues(err: dict[str, Any]) -> list[SpecIssue]:
+    loc = tuple(str(part) for part in err["loc"])
+    path = ".".join(loc)
+    if err["type"] == "value_error" and not loc:
+        # JobSpec's cross-field rules: each line already starts with the field it blames.
+        text = err["msg"].removeprefix("Value error, ")
+        return [SpecIssue(*line.split(": ", 1)) for line in text.splitlines()]
+    if err["type"] == "extra_forbidden":
+        valid = _valid_keys(loc[:-1])
+        return [SpecIssue(path, f"unknown key; valid keys here are: {', '.join(valid)}")]
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] != "missing":
+        message = f"{message} (got {err['input']!r})"
+    return [SpecIssue(path, message)]
+
+
+def _valid_keys(loc: tuple[str, ...]) -> list[str]:
+    """The field names accepted at ``loc``, found by walking the spec models along the path."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part) or next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            break  # a list index or dict key: stay at the model that holds it
+        model = _model_in(field.annotation) or model
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in get_args(annotation) if (m := _model_in(arg))), None)

@@ -1,0 +1,185 @@
+"""The job spec: one declarative description of a job that every layer reads.
+
+Field-level rules live on the fields; rules that relate several fields (parallel degrees
+against the world size, batch divisibility) live in ``JobSpec._cross_field_issues`` so that
+each can name the exact field it blames.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+
+
+class Strict(BaseModel):
+    """Base for every spec section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+
+
+class Resources(Strict):
+    nodes: PositiveInt = 1
+    procs_per_node: PositiveInt = 1
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class ModelSpec(Strict):
+    """A preset name, optionally with architecture fields overriding the preset's."""
+
+    preset: str = "llama-debug"
+    dim: PositiveInt | None = None
+    n_layers: PositiveInt | None = None
+    n_heads: PositiveInt | None = None
+    n_kv_heads: PositiveInt | None = None
+    vocab_size: PositiveInt | None = None
+
+
+class Parallel(Strict):
+    """Degrees of the device mesh; ``dp_shard: -1`` takes whatever the world size leaves."""
+
+    dp_replicate: PositiveInt = 1
+    dp_shard: Annotated[int, Field(ge=-1)] = -1
+    tp: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _shard_not_zero(self) -> Parallel:
+        if self.dp_shard == 0:
+            raise ValueError("dp_shard must be a positive degree, or -1 to fill the world size")
+        return self
+
+    def resolved(self, world_size: int) -> Parallel:
+        """The same degrees with ``dp_shard: -1`` replaced by its value for ``world_size``."""
+        if self.dp_shard != -1:
+            return self
+        return self.model_copy(update={"dp_shard": world_size // (self.dp_replicate * self.tp)})
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+class Optimizer(Strict):
+    lr: PositiveFloat = 3.0e-4
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    warmup_steps: Annotated[int, Field(ge=0)] = 20
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.1
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.95)
+    eps: PositiveFloat = 1.0e-8
+    grad_clip: Annotated[float, Field(ge=0.0)] = 1.0
+
+
+class Train(Strict):
+    """The built-in LLM recipe."""
+
+    model: ModelSpec = ModelSpec()
+    parallel: Parallel = Parallel()
+    steps: PositiveInt = 200
+    global_batch: PositiveInt = 16
+    micro_batch: PositiveInt = 4
+    seq_len: PositiveInt = 256
+    optimizer: Optimizer = Optimizer()
+    precision: Literal["fp32", "bf16"] = "fp32"
+    activation_checkpoint: Literal["off", "full", "selective"] = "off"
+    compile: bool = False
+    seed: int = 1234
+
+
+class DataSource(Strict):
+    path: str
+    weight: PositiveFloat = 1.0
+
+
+class Data(Strict):
+    sources: Annotated[list[DataSource], Field(min_length=1)]
+
+
+class Checkpoint(Strict):
+    dir: str | None = Field(default=None, description="default: <run dir>/checkpoints")
+    every_steps: PositiveInt = 50
+    async_save: bool = Field(default=True, alias="async")
+    keep_last: PositiveInt = 3
+    keep_every: PositiveInt | None = None
+
+
+class Resilience(Strict):
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+    hang_timeout_s: PositiveFloat | Literal["auto"] = "auto"
+    on_nan: Literal["stop", "skip", "rollback"] = "rollback"
+    stop_grace_s: PositiveFloat = Field(
+        default=30.0, description="after a stop signal, how long workers get before SIGKILL"
+    )
+
+
+class JobSpec(Strict):
+    """A job: either the built-in recipe (``train:``) or any script under supervision (``command:``)."""
+
+    name: Name
+    resources: Resources = Resources()
+    train: Train | None = None
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    env: dict[str, str] = {}
+    data: Data | None = None
+    checkpoint: Checkpoint = Checkpoint()
+    resilience: Resilience = Resilience()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        issues = self._cross_field_issues()
+        if issues:
+            raise ValueError("\n".join(f"{path}: {message}" for path, message in issues))
+        return self
+
+    def _cross_field_issues(self) -> list[tuple[str, str]]:
+        if (self.train is None) == (self.command is None):
+            return [("train|command", "give exactly one: `train:` (the built-in recipe) or `command:` (a script)")]
+        if self.train is None:
+            return []
+        world = self.resources.world_size
+        p, t = self.train.parallel, self.train
+        fixed = p.dp_replicate * p.tp * (p.dp_shard if p.dp_shard != -1 else 1)
+        if world % fixed or (p.dp_shard != -1 and fixed != world):
+            shown = "-1" if p.dp_shard == -1 else str(p.dp_shard)
+            return [
+                (
+                    "train.parallel",
+                    f"dp_replicate x dp_shard x tp = {p.dp_replicate} x {shown} x {p.tp} does not fit the world size "
+                    f"nodes x procs_per_node = {self.resources.nodes} x {self.resources.procs_per_node} = {world}; "
+                    f"the product must equal {world} (dp_shard: -1 fills it when {world} is divisible by "
+                    f"dp_replicate x tp)",
+                )
+            ]
+        dp = p.resolved(world).dp
+        issues = []
+        step = t.micro_batch * dp
+        if t.global_batch % step:
+            issues.append(
+                (
+                    "train.global_batch",
+                    f"{t.global_batch} is not a multiple of micro_batch x data-parallel degree = "
+                    f"{t.micro_batch} x {dp} = {step}; valid values are multiples of {step} "
+                    f"(e.g. {', '.join(str(step * k) for k in (1, 2, 4))}), or choose a micro_batch that "
+                    f"divides global_batch / {dp}",
+                )
+            )
+        if t.optimizer.warmup_steps > t.steps:
+            issues.append(
+                (
+                    "train.optimizer.warmup_steps",
+                    f"{t.optimizer.warmup_steps} is longer than the run (train.steps = {t.steps}); "
+                    f"use at most {t.steps}",
+                )
+            )
+        return issues
+
+    @property
+    def parallel(self) -> Parallel | None:
+        """The recipe's parallel degrees with ``dp_shard`` resolved for this job's world size."""
+        return self.train.parallel.resolved(self.resources.world_size) if self.train else None

@@ -1,0 +1,135 @@
+"""The local supervisor, end to end: real worker processes, a real gloo process group, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, Job
+from phalanx.obs import read_events
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
+    result = job.run(job.command_spec("allreduce.py", str(tmp_path)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert [s["sum"] for s in seen] == [3.0, 3.0]  # 1 + 2
+    run = job.run_dir()
+    for rank, s in enumerate(seen):
+        env = s["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(rank),
+            str(rank),
+            "2",
+            "2",
+        )
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["PHALANX_RUN_ID"] == f"t/{run.name}" and env["PHALANX_RUN_DIR"] == str(run)
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    # output is teed: prefixed on the console, whole in each rank's log file
+    assert "[rank0]: all-reduce sum 3.0" in result.stdout and "[rank1]: all-reduce sum 3.0" in result.stdout
+    assert "all-reduce sum 3.0" in (run / "logs" / "rank-1.log").read_text()
+    assert json.loads((run / "result.json").read_text())["outcome"] == "succeeded"
+    assert (run / "spec.yaml").read_text().startswith("name: t\n")
+    kinds = [e["kind"] for e in read_events(run / "events.jsonl")]
+    assert kinds == ["run_started", "attempt_started", "run_finished"]
+
+
+@pytest.mark.parametrize(
+    "mode, cause",
+    [("exit", "exited with code 3"), ("raise", "exited with code 1: RuntimeError: rank 1 lost its accelerator")],
+)
+def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Path, mode: str, cause: str) -> None:
+    result = job.run(job.command_spec("fail_rank.py", mode, str(tmp_path), extra="resilience: {stop_grace_s: 5}\n"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"failed: rank 1 {cause}" in result.stdout
+    assert "rank 1 is about to fail" in result.stdout.split("failed: rank 1")[1]  # the log tail is shown
+    outcome = json.loads((job.run_dir() / "result.json").read_text())
+    assert (outcome["outcome"], outcome["failed_rank"], outcome["exit_code"]) == ("failed", 1, 1)
+    assert not _alive(int((tmp_path / "pid-0").read_text()))
+    (failure,) = [e for e in read_events(job.run_dir() / "events.jsonl") if e["kind"] == "worker_failed"]
+    assert failure["rank"] == 1 and failure["then"] == ["rank 0 was killed by SIGTERM"]
+
+
+def _start_and_wait_ready(job: Job, spec: Path, out: Path, ranks: int = 2) -> subprocess.Popen[str]:
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not all((out / f"ready-{r}").exists() for r in range(ranks)):
+        assert sup.poll() is None and time.monotonic() < deadline, "workers never got ready"
+        time.sleep(0.05)
+    return sup
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_is_forwarded_to_every_worker(job: Job, tmp_path: Path, sig: signal.Signals) -> None:
+    sup = _start_and_wait_ready(job, job.command_spec("signals.py", "graceful", str(tmp_path)), tmp_path)
+    sup.send_signal(sig)
+    output, _ = sup.communicate(timeout=60)
+    assert sup.returncode == 128 + sig, output
+    assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == [sig.name, sig.name]
+    assert f"stopped by {sig.name}" in output
+    assert json.loads((job.run_dir() / "result.json").read_text())["outcome"] == "stopped"
+
+
+def test_workers_that_ignore_the_signal_are_killed_after_the_grace_period(job: Job, tmp_path: Path) -> None:
+    spec = job.command_spec("signals.py", "ignore", str(tmp_path), extra="resilience: {stop_grace_s: 1}\n")
+    sup = _start_and_wait_ready(job, spec, tmp_path)
+    sup.send_signal(signal.SIGTERM)
+    output, _ = sup.communicate(timeout=60)
+    assert sup.returncode == 128 + signal.SIGTERM, output
+    assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == ["SIGTERM", "SIGTERM"]
+    assert not any(_alive(int((tmp_path / f"ready-{r}").read_text())) for r in range(2))
+
+
+def test_plain_torchrun_script_runs_unchanged_and_matches_torchrun(job: Job, tmp_path: Path) -> None:
+    script = REPO / "examples" / "ddp_toy.py"
+    ours, theirs = tmp_path / "phalanx.pt", tmp_path / "torchrun.pt"
+    spec = job.spec(
+        f"name: t\nresources: {{procs_per_node: 2, device: cpu}}\n"
+        f'command: [python, "{script}", --steps, "20", --out, "{ours}"]\n'
+    )
+    result = job.run(spec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    torchrun = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            "--steps",
+            "20",
+            "--out",
+            str(theirs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert torchrun.returncode == 0, torchrun.stderr
+    a, b = torch.load(ours), torch.load(theirs)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_multi_node_spec_is_refused_with_a_clear_error(job: Job) -> None:
+    result = job.run(job.spec("name: t\nresources: {nodes: 2, procs_per_node: 1, device: cpu}\ncommand: ['true']\n"))
+    assert result.returncode == 2
+    assert "resources.nodes = 2" in result.stderr and "use nodes: 1" in result.stderr

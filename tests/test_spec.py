@@ -1,0 +1,144 @@
+"""Job spec validation: good specs resolve, bad ones name the field, the value and what is valid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec, parse_spec
+
+ARCHITECTURE_SKETCH = """
+name: tiny-llama
+resources: {nodes: 1, procs_per_node: 2, device: auto}
+train:
+  model: {preset: llama-debug}
+  parallel: {dp_replicate: 1, dp_shard: 2, tp: 1}
+  steps: 200
+  global_batch: 16
+  micro_batch: 4
+  seq_len: 256
+  optimizer: {lr: 3.0e-4, warmup_steps: 20, schedule: cosine, weight_decay: 0.1, grad_clip: 1.0}
+  precision: fp32
+  seed: 1234
+data: {sources: [{path: data/stdlib, weight: 1.0}]}
+checkpoint: {dir: runs/tiny-llama/ckpt, every_steps: 50, async: true, keep_last: 3}
+resilience: {max_restarts: 5, hang_timeout_s: auto, on_nan: rollback}
+"""
+
+
+def test_architecture_sketch_is_a_valid_spec() -> None:
+    spec = parse_spec(ARCHITECTURE_SKETCH)
+    assert spec.train is not None and spec.train.parallel.dp_shard == 2
+    assert spec.checkpoint.async_save is True and spec.resilience.max_restarts == 5
+    assert spec.data is not None and spec.data.sources[0].path == "data/stdlib"
+
+
+def test_resolved_spec_round_trips_through_yaml() -> None:
+    spec = parse_spec(ARCHITECTURE_SKETCH)
+    again = parse_spec(dump_spec(spec))
+    assert again == spec
+    assert "async: true" in dump_spec(spec)  # written as the user writes it, not as the Python name
+
+
+def test_dp_shard_minus_one_fills_the_world() -> None:
+    spec = parse_spec("name: a\nresources: {procs_per_node: 8}\ntrain: {parallel: {dp_replicate: 2, tp: 2}}\n")
+    assert spec.parallel is not None and (spec.parallel.dp_replicate, spec.parallel.dp_shard, spec.parallel.tp) == (
+        2,
+        2,
+        2,
+    )
+
+
+def test_demo_example_is_valid() -> None:
+    spec = load_spec(REPO / "examples" / "demo.yaml")
+    assert spec.command is not None and spec.resources.procs_per_node == 2
+
+
+BAD = [
+    ("name: a\ncommand: [x]\nresorces: {nodes: 1}\n", "resorces", "unknown key; valid keys here are: name, resources"),
+    (
+        "name: a\ncommand: [x]\nresources: {gpus: 2}\n",
+        "resources.gpus",
+        "valid keys here are: nodes, procs_per_node, device",
+    ),
+    ("name: a\ncommand: [x]\ncheckpoint: {asynch: true}\n", "checkpoint.asynch", "every_steps, async, keep_last"),
+    ("name: a\ncommand: [x]\ndata: {sources: [{path: p, wieght: 2}]}\n", "data.sources.0.wieght", "path, weight"),
+    ("name: a\ncommand: [x]\nresources: {device: tpu}\n", "resources.device", "'cpu', 'cuda' or 'auto' (got 'tpu')"),
+    ("name: a\ncommand: [x]\nresources: {procs_per_node: 0}\n", "resources.procs_per_node", "greater than 0 (got 0)"),
+    ("name: a\ntrain: {optimizer: {lr: -1}}\n", "train.optimizer.lr", "greater than 0 (got -1)"),
+    ("name: a\ntrain: {optimizer: {schedule: step}}\n", "train.optimizer.schedule", "'cosine', 'linear' or 'constant'"),
+    ("name: a\ntrain: {parallel: {dp_shard: 0}}\n", "train.parallel", "dp_shard must be a positive degree, or -1"),
+    ("name: a b\ncommand: [x]\n", "name", "got 'a b'"),
+    ("name: a\ncommand: []\n", "command", "at least 1 item"),
+    ("command: [x]\n", "name", "Field required"),
+    ("name: a\n", "train|command", "give exactly one"),
+    ("name: a\ncommand: [x]\ntrain: {}\n", "train|command", "give exactly one"),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {dp_shard: 4}}\n",
+        "train.parallel",
+        "1 x 4 x 1 does not fit the world size nodes x procs_per_node = 1 x 2 = 2",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 6}\ntrain: {parallel: {tp: 4}}\n",
+        "train.parallel",
+        "1 x -1 x 4 does not fit the world size nodes x procs_per_node = 1 x 6 = 6",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {global_batch: 12, micro_batch: 4}\n",
+        "train.global_batch",
+        "12 is not a multiple of micro_batch x data-parallel degree = 4 x 2 = 8; valid values are multiples of 8",
+    ),
+    (
+        "name: a\ntrain: {steps: 10, optimizer: {warmup_steps: 20}}\n",
+        "train.optimizer.warmup_steps",
+        "20 is longer than the run (train.steps = 10)",
+    ),
+    ("- just\n- a list\n", "", "expected a mapping of fields at the top, got list"),
+    ("name: [unclosed\n", "", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text, path, fragment", BAD, ids=[b[1] or b[2][:20] for b in BAD])
+def test_bad_spec_names_field_and_what_is_valid(text: str, path: str, fragment: str) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(text)
+    matching = [i for i in e.value.issues if i.path == path]
+    assert matching, f"no issue at {path!r} in {e.value.issues}"
+    assert any(fragment in i.message for i in matching), matching
+
+
+def test_every_issue_is_reported_not_just_the_first() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: a\nresources: {device: tpu, nodes: -1}\ncommand: [x]\nbogus: 1\n")
+    assert {i.path for i in e.value.issues} == {"resources.device", "resources.nodes", "bogus"}
+
+
+def test_python_construction_is_validated_too() -> None:
+    with pytest.raises(ValueError, match="give exactly one"):
+        JobSpec(name="a")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "phalanx", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_validate_command_prints_resolved_spec(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\nresources: {procs_per_node: 4}\ntrain: {parallel: {tp: 2}}\n")
+    result = _cli("validate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert parse_spec(result.stdout) == load_spec(path)  # the printed spec is itself a valid, equal spec
+    assert "mesh: dp_replicate=1 dp_shard=2 tp=2 (world size 4)" in result.stderr
+
+
+def test_validate_command_reports_errors_with_exit_code_2(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: a\nresources: {procs_per_node: 2}\ntrain: {global_batch: 12}\n")
+    result = _cli("validate", str(path))
+    assert result.returncode == 2
+    assert "train.global_batch: 12 is not a multiple" in result.stderr
+    missing = _cli("validate", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read the file" in missing.stderr
