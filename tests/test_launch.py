@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, Job
-from phalanx.obs import read_events
+from phalanx.obs import read_jsonl
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +47,7 @@ def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
     assert "all-reduce sum 3.0" in (run / "logs" / "rank-1.log").read_text()
     assert json.loads((run / "result.json").read_text())["outcome"] == "succeeded"
     assert (run / "spec.yaml").read_text().startswith("name: t\n")
-    kinds = [e["kind"] for e in read_events(run / "events.jsonl")]
+    kinds = [e["kind"] for e in read_jsonl(run / "events.jsonl")]
     assert kinds == ["run_started", "attempt_started", "run_finished"]
 
 
@@ -63,7 +63,7 @@ def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Pa
     outcome = json.loads((job.run_dir() / "result.json").read_text())
     assert (outcome["outcome"], outcome["failed_rank"], outcome["exit_code"]) == ("failed", 1, 1)
     assert not _alive(int((tmp_path / "pid-0").read_text()))
-    (failure,) = [e for e in read_events(job.run_dir() / "events.jsonl") if e["kind"] == "worker_failed"]
+    (failure,) = [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == "worker_failed"]
     assert failure["rank"] == 1 and failure["then"] == ["rank 0 was killed by SIGTERM"]
 
 

@@ -17,8 +17,14 @@ JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=Fal
 
 
 def _load(path: Path) -> JobSpec:
+    """The spec, checked in full (for the built-in recipe: against its model too), or exit 2 with every issue."""
     try:
-        return load_spec(path)
+        spec = load_spec(path)
+        if spec.train is not None:
+            from phalanx.train.recipe import model_config
+
+            model_config(spec)
+        return spec
     except SpecError as e:
         err.print(f"[bold red]invalid job spec[/] {e.source}:")
         for issue in e.issues:

@@ -30,9 +30,9 @@ from typing import TextIO
 
 from torch.distributed import TCPStore
 
-from phalanx.launch.rundir import RunDir
 from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
+from phalanx.obs.rundir import RunDir
 from phalanx.spec import JobSpec, dump_spec
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this

@@ -1,4 +1,5 @@
-"""The run's event log: one JSON object per line, appended as things happen, so a crash loses nothing written."""
+"""Append-only JSON-lines logs (the run's events and metrics): one object per line, written as things
+happen, so a crash loses nothing already written."""
 
 from __future__ import annotations
 
@@ -10,21 +11,26 @@ from pathlib import Path
 from typing import Any
 
 
-class EventLog:
+class JsonlLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"ts": time.time(), "kind": kind, **fields}
-        line = json.dumps(event, default=str) + "\n"
+    def write(self, **fields: Any) -> dict[str, Any]:
+        record = {"ts": time.time(), **fields}
+        line = json.dumps(record, default=str) + "\n"
         with self._lock, self.path.open("a") as f:
             f.write(line)
-        return event
+        return record
 
 
-def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
+class EventLog(JsonlLog):
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return self.write(kind=kind, **fields)
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     with Path(path).open() as f:
         for line in f:
             if line.strip():

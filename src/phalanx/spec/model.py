@@ -90,6 +90,9 @@ class Train(Strict):
     activation_checkpoint: Literal["off", "full", "selective"] = "off"
     compile: bool = False
     seed: int = 1234
+    peak_tflops: PositiveFloat | None = Field(
+        default=None, description="peak dense TFLOP/s per device for MFU; default: the table in obs/metrics.py"
+    )
 
 
 class DataSource(Strict):

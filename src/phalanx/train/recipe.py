@@ -1,0 +1,51 @@
+"""What the built-in recipe needs from a spec beyond the spec's own rules: the model architecture it names,
+and whether the parallel degrees fit that architecture. Checked before any process starts."""
+
+from __future__ import annotations
+
+from phalanx.spec import JobSpec, SpecError, SpecIssue
+from phalanx.train.models.llama import PRESETS, LlamaConfig, config_from
+
+TP_SPLIT_FIELDS = ("n_heads", "n_kv_heads", "dim", "ffn_dim", "vocab_size")
+
+
+def model_config(spec: JobSpec) -> LlamaConfig:
+    """The recipe's model, or a SpecError naming the field that makes it impossible."""
+    assert spec.train is not None and spec.parallel is not None
+    m, t, tp = spec.train.model, spec.train, spec.parallel.tp
+    if m.preset not in PRESETS:
+        raise SpecError(
+            spec.name,
+            [SpecIssue("train.model.preset", f"{m.preset!r} is not a preset; valid presets: {', '.join(PRESETS)}")],
+        )
+    try:
+        cfg = config_from(m.preset, **m.model_dump(exclude={"preset"}))
+    except ValueError as e:
+        raise SpecError(spec.name, [SpecIssue("train.model", str(e))]) from None
+    issues = [
+        SpecIssue(
+            "train.parallel.tp",
+            f"{tp} does not divide model.{name} = {getattr(cfg, name)}; "
+            f"tensor parallel splits it, so choose a tp that divides {getattr(cfg, name)}",
+        )
+        for name in TP_SPLIT_FIELDS
+        if getattr(cfg, name) % tp
+    ]
+    if tp > 1 and cfg.tie_embeddings:
+        issues.append(
+            SpecIssue(
+                "train.parallel.tp",
+                f"{tp} with preset {m.preset!r}, whose embeddings are tied; "
+                "tensor parallel needs untied embeddings: use tp: 1",
+            )
+        )
+    if t.seq_len > cfg.max_seq_len:
+        issues.append(
+            SpecIssue(
+                "train.seq_len",
+                f"{t.seq_len} is longer than the model's max_seq_len {cfg.max_seq_len}; use at most {cfg.max_seq_len}",
+            )
+        )
+    if issues:
+        raise SpecError(spec.name, issues)
+    return cfg

@@ -1,0 +1,89 @@
+"""The worker SDK: what a training script calls to join its job. The built-in recipe uses it too.
+
+    ctx = phalanx.init()          # process group, device, rank, the job's spec and run directory
+    ...
+    ctx.report(step, loss=...)    # heartbeat to the supervisor; rank 0 appends the metrics to the run dir
+
+Run outside phalanx (no RANK in the environment), ``init()`` makes a single-process group, so the same
+script also runs with plain ``python``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.obs import JsonlLog, RunDir
+from phalanx.spec import JobSpec, load_spec
+
+HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
+
+
+@dataclass
+class WorkerContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    attempt: int = 0
+    run_dir: RunDir | None = None
+    spec: JobSpec | None = None
+    _store: dist.Store | None = field(default=None, repr=False)
+    _metrics: JsonlLog | None = field(default=None, repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def heartbeat(self, step: int) -> None:
+        """Tell the supervisor this rank made progress (read for hang detection and failure reports)."""
+        if self._store is not None:
+            self._store.set(HEARTBEAT_KEY.format(rank=self.rank), json.dumps({"step": step, "ts": time.time()}))
+
+    def report(self, step: int, **metrics: Any) -> None:
+        """Heartbeat, and on rank 0 append ``{step, **metrics}`` to the run's metrics.jsonl."""
+        self.heartbeat(step)
+        if self._metrics is not None:
+            self._metrics.write(step=step, **metrics)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init(device: str | None = None) -> WorkerContext:
+    """Join the job: pick the device, initialise the default process group (NCCL on CUDA, gloo on CPU)."""
+    env = os.environ
+    device_type = device or env.get("PHALANX_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev, backend = torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if "RANK" in env:
+        dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
+        store: dist.Store | None = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        store = None
+    run_dir = RunDir(Path(env["PHALANX_RUN_DIR"])) if "PHALANX_RUN_DIR" in env else None
+    rank = dist.get_rank()
+    return WorkerContext(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=dist.get_world_size(),
+        device=dev,
+        attempt=int(env.get("PHALANX_ATTEMPT", "0")),
+        run_dir=run_dir,
+        spec=load_spec(env["PHALANX_SPEC"]) if "PHALANX_SPEC" in env else None,
+        _store=store,
+        _metrics=JsonlLog(run_dir.metrics) if run_dir is not None and rank == 0 else None,
+    )

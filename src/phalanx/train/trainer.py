@@ -1,0 +1,140 @@
+"""The built-in recipe's training loop: gradient accumulation to the global batch, AdamW, warmup then
+cosine / linear / constant LR, grad-norm clipping, deterministic seeding, the loss reported as the global mean."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from phalanx.data.synthetic import SyntheticTokens
+from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
+from phalanx.spec.model import Optimizer
+from phalanx.train.models.llama import Llama
+from phalanx.train.parallelize import build_mesh, parallelize
+from phalanx.train.recipe import model_config
+from phalanx.train.sdk import WorkerContext
+
+
+def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
+    """Multiplier of the peak LR at ``step`` (0-based): linear warmup, then decay to ``min_lr_ratio``."""
+    if step < opt.warmup_steps:
+        return (step + 1) / opt.warmup_steps
+    if opt.schedule == "constant":
+        return 1.0
+    progress = (step - opt.warmup_steps) / max(1, steps - opt.warmup_steps)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if opt.schedule == "cosine" else 1 - progress
+    return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * shape
+
+
+@dataclass(frozen=True)
+class StepStats:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time_s: float
+
+
+class Trainer:
+    def __init__(self, ctx: WorkerContext):
+        assert ctx.spec is not None and ctx.spec.train is not None and ctx.spec.parallel is not None
+        self.ctx, self.train, self.parallel = ctx, ctx.spec.train, ctx.spec.parallel
+        t = self.train
+        self.cfg = model_config(ctx.spec)
+        self.mesh = build_mesh(ctx.device.type, self.parallel)
+        torch.manual_seed(t.seed)  # same initial weights on every rank, and the same as a 1-process run
+        model = Llama(self.cfg).to(ctx.device)
+        self.model = parallelize(model, self.mesh, t, ctx.device.type)
+        o = t.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(o, t.steps, s))
+        self.data = SyntheticTokens(self.cfg.vocab_size, t.seq_len, t.seed)
+        self.accum_steps = t.global_batch // (t.micro_batch * self.parallel.dp)
+        # Without FSDP there is no mixed-precision policy to cast for us: autocast does it.
+        self.autocast = (
+            torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+            if t.precision == "bf16" and self.parallel.dp == 1
+            else contextlib.nullcontext()
+        )
+        self.flops_per_token = self.cfg.flops_per_token(t.seq_len)
+        self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
+        self.step = 0
+        if ctx.is_main:
+            print(self.describe(), flush=True)
+
+    def describe(self) -> str:
+        """One line saying what runs where: the model, the mesh, and how much of the model this rank holds."""
+        p = self.parallel
+        local = sum(getattr(w, "to_local", lambda w=w: w)().numel() for w in self.model.parameters())
+        total = self.cfg.num_params()
+        return (
+            f"model {self.train.model.preset}: {total:,} params, {self.flops_per_token:.3g} FLOPs/token | "
+            f"mesh dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} | "
+            f"rank {self.ctx.rank} holds {local:,} params ({local / total:.1%}) | "
+            f"{self.accum_steps} micro-batch(es) of {self.train.micro_batch} per step"
+        )
+
+    def train_step(self) -> StepStats:
+        t, started = self.train, time.perf_counter()
+        batch = self.data.local_batch(self.step, t.global_batch, self.mesh.dp_rank, self.parallel.dp)
+        batch = batch.to(self.ctx.device, non_blocking=True)
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        for micro in batch.split(t.micro_batch):
+            with self.autocast:
+                logits = self.model(micro[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten())
+            (loss / self.accum_steps).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.optimizer.grad_clip or math.inf)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Every rank of a tensor-parallel group holds the same loss, so the mean over all ranks is the dp mean.
+        loss_mean = loss_sum / self.accum_steps
+        dist.all_reduce(loss_mean)
+        stats = StepStats(
+            self.step, loss_mean.item() / self.ctx.world_size, grad_norm.item(), lr, time.perf_counter() - started
+        )
+        self.step += 1
+        return stats
+
+    def report(self, s: StepStats) -> None:
+        tokens = self.train.global_batch * self.train.seq_len
+        tps = tokens / s.step_time_s
+        per_device = tps / self.ctx.world_size
+        util = mfu(self.flops_per_token, per_device, self.peak)
+        mem = peak_memory_bytes(self.ctx.device)
+        self.ctx.report(
+            s.step,
+            loss=s.loss,
+            grad_norm=s.grad_norm,
+            lr=s.lr,
+            step_time_s=s.step_time_s,
+            tokens_per_s=tps,
+            tokens_per_s_per_device=per_device,
+            mfu=util,
+            peak_memory_bytes=mem,
+        )
+        if self.ctx.is_main:
+            shown = f"{util:6.1%}" if util is not None else "   n/a"
+            print(
+                f"step {s.step + 1:>5}/{self.train.steps} | loss {s.loss:8.4f} | grad norm {s.grad_norm:7.3f} | "
+                f"lr {s.lr:.2e} | {tps:9.0f} tok/s | mfu {shown} | mem {mem / 2**30:5.2f} GiB | "
+                f"{s.step_time_s * 1e3:7.1f} ms",
+                flush=True,
+            )
+
+    def fit(self) -> None:
+        while self.step < self.train.steps:
+            self.report(self.train_step())

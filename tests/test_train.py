@@ -1,0 +1,148 @@
+"""The built-in recipe: every parallelism gives the single-process loss curve; MFU and LR by hand."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, Job
+from phalanx.obs import read_jsonl
+from phalanx.spec import parse_spec
+from phalanx.spec.model import Optimizer
+from phalanx.train.models.llama import PRESETS, Llama
+from phalanx.train.trainer import lr_factor
+
+STEPS = 12
+
+
+def _train(job: Job, procs: int, parallel: str, micro_batch: int, held: str, steps: int = STEPS, extra: str = ""):
+    """Run the recipe through `phalanx run`; its metrics, one dict a step."""
+    spec = job.spec(
+        f"name: t\nresources: {{procs_per_node: {procs}, device: cpu}}\n"
+        f"train: {{model: {{preset: llama-tiny}}, parallel: {parallel}, steps: {steps}, global_batch: 8,"
+        f" micro_batch: {micro_batch}, seq_len: 32, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}{extra}}}\n"
+    )
+    result = job.run(spec, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"rank 0 holds {held}" in result.stdout  # the parallelism really was applied
+    return list(read_jsonl(job.run_dir() / "metrics.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[dict]:
+    """Single process, the whole global batch in one micro-batch."""
+    return _train(Job(tmp_path_factory.mktemp("ref")), 1, "{}", 8, "131,392 params (100.0%)")
+
+
+@pytest.mark.parametrize(
+    "procs, parallel, micro_batch, held",
+    [
+        (2, "{dp_shard: 2}", 4, "65,696 params (50.0%)"),  # FSDP2
+        (4, "{dp_replicate: 2, dp_shard: 2}", 2, "65,696 params (50.0%)"),  # HSDP: sharded in 2, replicated x2
+        (
+            2,
+            "{tp: 2}",
+            4,
+            "65,856 params (50.1%)",
+        ),  # tensor + sequence parallel, with gradient accumulation (2 micro-batches)
+        (4, "{dp_shard: 2, tp: 2}", 4, "32,928 params (25.1%)"),  # FSDP + TP
+    ],
+    ids=["fsdp2", "hsdp2x2", "tp2", "fsdp2_tp2"],
+)
+def test_parallel_loss_curve_matches_single_process(job: Job, reference, procs, parallel, micro_batch, held) -> None:
+    got = _train(job, procs, parallel, micro_batch, held)
+    assert [m["step"] for m in got] == list(range(STEPS))
+    want_loss = [m["loss"] for m in reference]
+    assert want_loss[-1] < want_loss[0] - 0.05  # the run learns, so the comparison means something
+    assert [m["loss"] for m in got] == pytest.approx(want_loss, rel=1e-5)
+    assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in reference], rel=1e-4)
+    assert [m["lr"] for m in got] == pytest.approx([m["lr"] for m in reference], rel=1e-12)
+
+
+def test_metrics_have_throughput_mfu_and_memory(reference) -> None:
+    m = reference[-1]
+    assert m["tokens_per_s"] > 0 and m["tokens_per_s_per_device"] == m["tokens_per_s"]
+    assert m["mfu"] is None  # a CPU has no datasheet peak unless train.peak_tflops is set
+    assert m["peak_memory_bytes"] > 2**20
+
+
+def test_flops_per_token_by_hand() -> None:
+    cfg = PRESETS["llama-tiny"]  # dim 64, 2 layers, 4 heads (head dim 16), 2 kv heads, ffn 192, vocab 256
+    attention = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64  # wq, wk, wv (2 kv heads x 16), wo
+    ffn = 3 * 64 * 192
+    block = attention + ffn + 2 * 64  # and two RMSNorm weights
+    non_embedding = 2 * block + 64 + 256 * 64  # final norm and the output projection
+    assert cfg.num_params() == non_embedding + 256 * 64 == sum(p.numel() for p in Llama(cfg).parameters())
+    seq = 32
+    assert cfg.flops_per_token(seq) == 6 * non_embedding + 12 * 2 * 4 * 16 * seq
+
+
+def test_real_presets_have_the_published_sizes() -> None:
+    billions = {
+        name: round(PRESETS[name].num_params() / 1e9, 2)
+        for name in ("llama3-1b", "llama3-3b", "llama3-8b", "llama3-70b")
+    }
+    assert billions == {"llama3-1b": 1.24, "llama3-3b": 3.21, "llama3-8b": 8.03, "llama3-70b": 70.55}
+
+
+def test_mfu_uses_the_configured_peak(job: Job) -> None:
+    got = _train(job, 1, "{}", 8, "131,392", steps=2, extra=", peak_tflops: 0.5")
+    cfg = PRESETS["llama-tiny"]
+    for m in got:
+        assert m["mfu"] == pytest.approx(cfg.flops_per_token(32) * m["tokens_per_s_per_device"] / 0.5e12)
+
+
+def test_lr_schedule() -> None:
+    opt = Optimizer(lr=1.0, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    assert [lr_factor(opt, 110, s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_factor(opt, 110, 10) == pytest.approx(1.0)
+    assert lr_factor(opt, 110, 60) == pytest.approx(0.55)  # halfway down the cosine
+    assert lr_factor(opt, 110, 110) == pytest.approx(0.1)
+    linear = opt.model_copy(update={"schedule": "linear"})
+    assert lr_factor(linear, 110, 35) == pytest.approx(1 - 0.9 * 0.25)
+    assert math.isclose(lr_factor(opt.model_copy(update={"schedule": "constant"}), 110, 100), 1.0)
+
+
+@pytest.mark.parametrize(
+    "train, path, fragment",
+    [
+        (
+            "{model: {preset: llama-tiny}, parallel: {tp: 4}}",
+            "train.parallel.tp",
+            "4 does not divide model.n_kv_heads = 2",
+        ),
+        ("{model: {preset: llama3-1b}, parallel: {tp: 2}}", "train.parallel.tp", "embeddings are tied"),
+        ("{model: {preset: gpt2}}", "train.model.preset", "'gpt2' is not a preset; valid presets: llama-tiny"),
+        ("{model: {preset: llama-tiny, n_heads: 3}}", "train.model", "must be divisible by model.n_heads = 3"),
+        ("{model: {preset: llama-tiny}, seq_len: 4096}", "train.seq_len", "longer than the model's max_seq_len 2048"),
+    ],
+)
+def test_recipe_checks_the_model_against_the_spec(tmp_path, train: str, path: str, fragment: str) -> None:
+    from phalanx.spec import SpecError
+    from phalanx.train.recipe import model_config
+
+    text = f"name: t\nresources: {{procs_per_node: 4}}\ntrain: {train}\n"
+    with pytest.raises(SpecError) as e:
+        model_config(parse_spec(text))
+    assert any(i.path == path and fragment in i.message for i in e.value.issues), e.value.issues
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    cli = subprocess.run([sys.executable, "-m", "phalanx", "validate", str(spec)], capture_output=True, text=True)
+    assert cli.returncode == 2 and path in cli.stderr
+
+
+def test_sdk_runs_a_script_without_the_launcher(tmp_path) -> None:
+    script = tmp_path / "solo.py"
+    script.write_text(
+        "import phalanx, torch, torch.distributed as dist\n"
+        "ctx = phalanx.init(device='cpu')\n"
+        "t = torch.ones(1); dist.all_reduce(t)\n"
+        "print(ctx.rank, ctx.world_size, t.item(), ctx.run_dir)\nctx.report(0, loss=1.0)\nctx.close()\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "PHALANX_RUN_DIR")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1", "1.0", "None"]
