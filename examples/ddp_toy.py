@@ -41,6 +41,7 @@ def main() -> None:
             print(f"step {step:3d}  loss {reported.item() / world:.5f}  (local rank {os.environ['LOCAL_RANK']})")
     if rank == 0 and args.out:
         torch.save(model.module.state_dict(), args.out)
+    dist.barrier()  # tear down together: a gloo group destroyed while its peer still talks can abort
     dist.destroy_process_group()
 
 

@@ -53,7 +53,11 @@ def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "mode, cause",
-    [("exit", "exited with code 3"), ("raise", "exited with code 1: RuntimeError: rank 1 lost its accelerator")],
+    [
+        ("exit", "exited with code 3"),
+        ("raise", "exited with code 1: RuntimeError: rank 1 lost its accelerator"),
+        ("report", "exited with code 3 after step 6"),  # the last step its SDK heartbeat reported
+    ],
 )
 def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Path, mode: str, cause: str) -> None:
     result = job.run(job.command_spec("fail_rank.py", mode, str(tmp_path), extra="resilience: {stop_grace_s: 5}\n"))

@@ -52,9 +52,11 @@ def test_dp_shard_minus_one_fills_the_world() -> None:
     )
 
 
-def test_demo_example_is_valid() -> None:
-    spec = load_spec(REPO / "examples" / "demo.yaml")
-    assert spec.command is not None and spec.resources.procs_per_node == 2
+def test_examples_are_valid() -> None:
+    demo = load_spec(REPO / "examples" / "demo.yaml")
+    assert demo.train is not None and demo.parallel is not None and demo.parallel.dp_shard == 2
+    ddp = load_spec(REPO / "examples" / "torchrun_ddp.yaml")
+    assert ddp.command is not None and ddp.resources.procs_per_node == 2
 
 
 BAD = [

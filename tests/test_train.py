@@ -18,7 +18,16 @@ from phalanx.train.trainer import lr_factor
 STEPS = 12
 
 
-def _train(job: Job, procs: int, parallel: str, micro_batch: int, held: str, steps: int = STEPS, extra: str = ""):
+def _train(
+    job: Job,
+    procs: int,
+    parallel: str,
+    micro_batch: int,
+    held: str,
+    steps: int = STEPS,
+    extra: str = "",
+    runs_as: str = "",
+):
     """Run the recipe through `phalanx run`; its metrics, one dict a step."""
     spec = job.spec(
         f"name: t\nresources: {{procs_per_node: {procs}, device: cpu}}\n"
@@ -28,6 +37,7 @@ def _train(job: Job, procs: int, parallel: str, micro_batch: int, held: str, ste
     result = job.run(spec, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"rank 0 holds {held}" in result.stdout  # the parallelism really was applied
+    assert f"blocks run as {runs_as}" in result.stdout
     return list(read_jsonl(job.run_dir() / "metrics.jsonl"))
 
 
@@ -60,6 +70,23 @@ def test_parallel_loss_curve_matches_single_process(job: Job, reference, procs, 
     assert [m["loss"] for m in got] == pytest.approx(want_loss, rel=1e-5)
     assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in reference], rel=1e-4)
     assert [m["lr"] for m in got] == pytest.approx([m["lr"] for m in reference], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "option, rel, runs_as",
+    [
+        ("activation_checkpoint: full", 1e-6, "CheckpointWrapper, fp32"),  # recomputation: the same numbers
+        ("activation_checkpoint: selective", 1e-6, "CheckpointWrapper, fp32"),
+        ("compile: true", 1e-4, "OptimizedModule, fp32"),  # inductor fuses and reorders float ops
+        ("precision: bf16", 1e-3, "Block, bf16"),  # bf16 autocast: close to fp32
+    ],
+)
+def test_memory_and_speed_options_keep_the_loss_curve(job: Job, reference, option: str, rel: float, runs_as) -> None:
+    got = [m["loss"] for m in _train(job, 1, "{}", 8, "131,392", steps=4, extra=f", {option}", runs_as=runs_as)]
+    want = [m["loss"] for m in reference[:4]]
+    assert got == pytest.approx(want, rel=rel)
+    if "bf16" in option:
+        assert got != want  # and not equal: autocast really ran in bf16
 
 
 def test_metrics_have_throughput_mfu_and_memory(reference) -> None:

@@ -34,6 +34,7 @@ from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.rundir import RunDir
 from phalanx.spec import JobSpec, dump_spec
+from phalanx.train.sdk import HEARTBEAT_KEY
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
 
@@ -136,7 +137,7 @@ class Supervisor:
                 return self._stop_on_signal(group)
             failed = [w for w in group.exited() if w.returncode != 0]
             if failed:
-                return self._stop_on_failure(group, failed[0])
+                return self._stop_on_failure(group, failed[0], store)
             if not group.running():
                 group.join()
                 self.say(f"succeeded: all {len(group.workers)} worker(s) exited with code 0")
@@ -185,9 +186,10 @@ class Supervisor:
             workers.append(Worker(rank, worker_argv(self.spec), env, self.run_dir.log(rank)))
         return workers
 
-    def _stop_on_failure(self, group: WorkerGroup, first: Worker) -> RunResult:
+    def _stop_on_failure(self, group: WorkerGroup, first: Worker, store: TCPStore) -> RunResult:
         assert first.proc is not None and first.returncode is not None
-        cause = describe_exit(first.returncode)
+        step = last_step(store, first.rank)
+        cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
         detail = recorded_error(self.run_dir.error_file(first.rank))
         self.say(f"rank {first.rank} (pid {first.proc.pid}) {cause}; stopping the other workers")
         group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
@@ -235,6 +237,12 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def last_step(store: TCPStore, rank: int) -> int | None:
+    """The last step ``rank`` reported through the worker SDK's heartbeat, if it reported any."""
+    key = HEARTBEAT_KEY.format(rank=rank)
+    return json.loads(store.get(key))["step"] if store.check([key]) else None
 
 
 def recorded_error(error_file: Path) -> str:

@@ -9,10 +9,8 @@ from phalanx.train.trainer import Trainer
 @record
 def main() -> None:
     ctx = init()
-    try:
-        Trainer(ctx).fit()
-    finally:
-        ctx.close()
+    Trainer(ctx).fit()
+    ctx.close()
 
 
 if __name__ == "__main__":

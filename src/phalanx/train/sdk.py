@@ -54,7 +54,10 @@ class WorkerContext:
             self._metrics.write(step=step, **metrics)
 
     def close(self) -> None:
+        """Leave the job cleanly, all ranks together (a gloo group torn down while a peer still talks can abort).
+        Call it on success only: after a failure a peer may never reach the barrier; just exit."""
         if dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
 

@@ -75,11 +75,13 @@ class Trainer:
         p = self.parallel
         local = sum(getattr(w, "to_local", lambda w=w: w)().numel() for w in self.model.parameters())
         total = self.cfg.num_params()
+        block = type(next(iter(self.model.layers.values()))).__name__  # shows the checkpoint / compile wrappers
         return (
             f"model {self.train.model.preset}: {total:,} params, {self.flops_per_token:.3g} FLOPs/token | "
             f"mesh dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} | "
             f"rank {self.ctx.rank} holds {local:,} params ({local / total:.1%}) | "
-            f"{self.accum_steps} micro-batch(es) of {self.train.micro_batch} per step"
+            f"{self.accum_steps} micro-batch(es) of {self.train.micro_batch} per step | "
+            f"blocks run as {block}, {self.train.precision}"
         )
 
     def train_step(self) -> StepStats:

@@ -1,0 +1,151 @@
+"""phalanx's training step against a hand-written plain-PyTorch loop: same model, data, parallelism, machine.
+
+    .venv/bin/python bench/step_overhead.py [--procs 2] [--preset llama-debug] [--rounds 6]
+
+Launches itself under torchrun (so both loops see the same launcher), builds both loops in every worker and
+times them interleaved, round by round, so that machine noise falls on both alike. phalanx's step includes
+everything it does per step (metrics to the run directory, heartbeat, the progress line); the plain loop does
+what a careful hand-written loop does (accumulation, clipping, AdamW, LR schedule, the loss all-reduced and
+read back). Prints the median step times and their ratio; the goal is <= 1.03x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def launch(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as run_dir:
+        dp = args.procs
+        spec = Path(run_dir) / "spec.yaml"
+        spec.write_text(
+            f"name: bench\nresources: {{procs_per_node: {args.procs}, device: {args.device}}}\n"
+            f"train: {{model: {{preset: {args.preset}}}, parallel: {{dp_shard: {dp}}}, steps: 100000,"
+            f" global_batch: {args.global_batch}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},"
+            f" optimizer: {{warmup_steps: 10}}}}\n"
+        )
+        env = {**os.environ, "PHALANX_RUN_DIR": run_dir, "PHALANX_SPEC": str(spec)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.procs}",
+            __file__,
+            "--worker",
+            f"--rounds={args.rounds}",
+            f"--steps-per-round={args.steps_per_round}",
+        ]
+        sys.exit(subprocess.call(cmd, env=env))
+
+
+def plain_loop(ctx, spec):
+    """The hand-written peer: what one writes with torch alone for FSDP2 training of the same model."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from phalanx.data.synthetic import SyntheticTokens
+    from phalanx.train.models.llama import Llama
+    from phalanx.train.recipe import model_config
+
+    t = spec.train
+    cfg = model_config(spec)
+    torch.manual_seed(t.seed)
+    model = Llama(cfg).to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    o = t.optimizer
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / o.warmup_steps))
+    data = SyntheticTokens(cfg.vocab_size, t.seq_len, t.seed)
+    accum = t.global_batch // (t.micro_batch * ctx.world_size)
+    step = 0
+
+    def one_step() -> float:
+        nonlocal step
+        batch = data.local_batch(step, t.global_batch, ctx.rank, ctx.world_size).to(ctx.device)
+        total = torch.zeros((), device=ctx.device)
+        for micro in batch.split(t.micro_batch):
+            loss = F.cross_entropy(model(micro[:, :-1]).flatten(0, 1).float(), micro[:, 1:].flatten())
+            (loss / accum).backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip or math.inf).full_tensor().item()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        dist.all_reduce(total)
+        step += 1
+        return total.item()
+
+    return one_step
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    import phalanx
+    from phalanx.train.trainer import Trainer
+
+    ctx = phalanx.init()
+    trainer = Trainer(ctx)
+    plain = plain_loop(ctx, ctx.spec)
+    sides = {"phalanx": lambda: trainer.report(trainer.train_step()), "plain": plain}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for fn in sides.values():  # warm-up: allocator, gloo buffers, first-step costs
+        for _ in range(3):
+            fn()
+    for r in range(args.rounds):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for name in order:
+            for _ in range(args.steps_per_round):
+                dist.barrier()
+                started = time.perf_counter()
+                sides[name]()
+                times[name].append(time.perf_counter() - started)
+    if ctx.is_main:
+        ours, theirs = statistics.median(times["phalanx"]), statistics.median(times["plain"])
+        print(
+            f"\nstep_overhead: {ctx.spec.train.model.preset}, FSDP2 over {ctx.world_size} rank(s) on "
+            f"{ctx.device.type}, {len(times['plain'])} timed steps per side, interleaved"
+        )
+        print(f"  plain PyTorch loop   median step {theirs * 1e3:8.2f} ms")
+        print(f"  phalanx Trainer      median step {ours * 1e3:8.2f} ms")
+        print(f"  ratio phalanx / plain = {ours / theirs:.3f}x   (goal <= 1.03x)")
+    ctx.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--preset", default="llama-debug")
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps-per-round", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()
