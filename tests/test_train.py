@@ -173,3 +173,23 @@ def test_sdk_runs_a_script_without_the_launcher(tmp_path) -> None:
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "1", "1.0", "None"]
+
+
+def test_meta_device_init_gives_the_same_weights_as_whole_init() -> None:
+    """The path CUDA runs take (build on meta, materialise, init) against building whole, in one process."""
+    import torch
+    import torch.distributed as dist
+
+    from phalanx.train.parallelize import build_mesh, build_model
+
+    spec = parse_spec("name: t\nresources: {procs_per_node: 1}\ntrain: {model: {preset: llama-tiny}}\n")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = build_mesh("cpu", spec.parallel)
+        whole = build_model(PRESETS["llama-tiny"], mesh, spec.train, torch.device("cpu"), on_meta=False)
+        meta = build_model(PRESETS["llama-tiny"], mesh, spec.train, torch.device("cpu"), on_meta=True)
+    finally:
+        dist.destroy_process_group()
+    a, b = whole.state_dict(), meta.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(whole.rope, meta.rope)

@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from phalanx.spec.model import Parallel, Train
-from phalanx.train.models.llama import Llama
+from phalanx.train.models.llama import Llama, LlamaConfig
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
@@ -49,7 +49,26 @@ def build_mesh(device_type: str, parallel: Parallel) -> Mesh:
     return Mesh(init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS), parallel)
 
 
-def parallelize(model: Llama, mesh: Mesh, train: Train, device_type: str) -> nn.Module:
+def build_model(cfg: LlamaConfig, mesh: Mesh, train: Train, device: torch.device, on_meta: bool) -> nn.Module:
+    """The parallelized model with its initial weights, the same for every seed-identical rank.
+
+    ``on_meta``: build on the meta device, parallelize, then materialise only this rank's shards, so that an
+    8B or 70B model never exists whole on one device; on CUDA, DTensor's RNG tracker makes the sharded init
+    equal to the whole-model init. Off (CPU, where DTensor random ops lack that support): build whole on
+    the device, then shard.
+    """
+    if on_meta:
+        with torch.device("meta"):
+            model = parallelize(Llama(cfg), mesh, train)
+        model.to_empty(device=device)
+    else:
+        model = Llama(cfg).to(device)
+    torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers
+    model.init_weights()
+    return model if on_meta else parallelize(model, mesh, train)
+
+
+def parallelize(model: Llama, mesh: Mesh, train: Train) -> nn.Module:
     p = mesh.parallel
     if p.tp > 1:
         _apply_tp(model, mesh.mesh["tp"])

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
 from phalanx.spec.model import Optimizer
-from phalanx.train.models.llama import Llama
-from phalanx.train.parallelize import build_mesh, parallelize
+from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
 from phalanx.train.sdk import WorkerContext
 
@@ -48,9 +47,8 @@ class Trainer:
         t = self.train
         self.cfg = model_config(ctx.spec)
         self.mesh = build_mesh(ctx.device.type, self.parallel)
-        torch.manual_seed(t.seed)  # same initial weights on every rank, and the same as a 1-process run
-        model = Llama(self.cfg).to(ctx.device)
-        self.model = parallelize(model, self.mesh, t, ctx.device.type)
+        # Seeded: the same initial weights on every rank, and the same as a 1-process run.
+        self.model = build_model(self.cfg, self.mesh, t, ctx.device, on_meta=ctx.device.type == "cuda")
         o = t.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
