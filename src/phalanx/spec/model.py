@@ -96,12 +96,15 @@ class Train(Strict):
 
 
 class DataSource(Strict):
-    path: str
+    path: str = Field(description="a prepared dataset directory (`phalanx data prepare`), or builtin:stdlib")
     weight: PositiveFloat = 1.0
 
 
 class Data(Strict):
     sources: Annotated[list[DataSource], Field(min_length=1)]
+    verify: Literal["full", "size"] = Field(
+        default="full", description="check shards at start: sha256 and size (full), or size only (fast)"
+    )
 
 
 class Checkpoint(Strict):

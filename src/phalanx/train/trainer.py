@@ -12,8 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
+from phalanx.spec import SpecError, SpecIssue
 from phalanx.spec.model import Optimizer
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
@@ -54,7 +56,7 @@ class Trainer:
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(o, t.steps, s))
-        self.data = SyntheticTokens(self.cfg.vocab_size, t.seq_len, t.seed)
+        self.data = self._data_source()
         self.accum_steps = t.global_batch // (t.micro_batch * self.parallel.dp)
         # Without FSDP there is no mixed-precision policy to cast for us: autocast does it.
         self.autocast = (
@@ -65,8 +67,31 @@ class Trainer:
         self.flops_per_token = self.cfg.flops_per_token(t.seq_len)
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.step = 0
+        self.batches = Prefetcher(self.data, t.global_batch, self.mesh.dp_rank, self.parallel.dp, self.step)
         if ctx.is_main:
             print(self.describe(), flush=True)
+
+    def _data_source(self) -> BatchSource:
+        """The spec's datasets, or the synthetic token source when the spec names none."""
+        spec, t = self.ctx.spec, self.train
+        assert spec is not None
+        if spec.data is None:
+            return SyntheticTokens(self.cfg.vocab_size, t.seq_len, t.seed)
+        source = TokenSource.from_spec(spec.data, t.seq_len, t.seed)
+        if source.vocab_size > self.cfg.vocab_size:
+            raise SpecError(
+                spec.name,
+                [
+                    SpecIssue(
+                        "train.model.vocab_size",
+                        (
+                            f"{self.cfg.vocab_size} is less than the dataset's vocabulary ({source.vocab_size} ids); "
+                            f"use vocab_size >= {source.vocab_size}"
+                        ),
+                    )
+                ],
+            )
+        return source
 
     def describe(self) -> str:
         """One line saying what runs where: the model, the mesh, and how much of the model this rank holds."""
@@ -84,8 +109,7 @@ class Trainer:
 
     def train_step(self) -> StepStats:
         t, started = self.train, time.perf_counter()
-        batch = self.data.local_batch(self.step, t.global_batch, self.mesh.dp_rank, self.parallel.dp)
-        batch = batch.to(self.ctx.device, non_blocking=True)
+        batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         loss_sum = torch.zeros((), device=self.ctx.device)
         for micro in batch.split(t.micro_batch):
             with self.autocast:
@@ -136,5 +160,8 @@ class Trainer:
             )
 
     def fit(self) -> None:
-        while self.step < self.train.steps:
-            self.report(self.train_step())
+        try:
+            while self.step < self.train.steps:
+                self.report(self.train_step())
+        finally:
+            self.batches.close()

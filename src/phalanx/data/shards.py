@@ -1,0 +1,106 @@
+"""The token shard format and its reader.
+
+    DIR/index.json          what the dataset is: dtype, vocab, EOS id, tokenizer, and per shard its file,
+                            token count and sha256; written last, so a dataset without it is unfinished
+    DIR/shard-00000.bin     raw little-endian token ids (uint16 when the vocabulary fits, else uint32),
+                            documents joined with the EOS id; read through np.memmap
+    DIR/tokenizer.json      the tokenizer, when it is not byte-level
+
+Samples are fixed-length windows over the whole token stream: sample i is tokens
+[i·seq_len, i·seq_len + seq_len + 1) (inputs and the targets shifted by one), across shard boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+FORMAT = "phalanx-tokens-v1"
+INDEX = "index.json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    if vocab_size <= 2**16:
+        return np.dtype("<u2")
+    if vocab_size <= 2**32:
+        return np.dtype("<u4")
+    raise ValueError(f"tokenizer vocabulary of {vocab_size} ids does not fit uint32 tokens")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read as it is: missing, unfinished, truncated or corrupt, naming the file."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    file: str
+    tokens: int
+    sha256: str
+
+
+class TokenDataset:
+    def __init__(self, root: str | Path, verify: Literal["full", "size"] = "full"):
+        self.root = Path(root)
+        index_path = self.root / INDEX
+        if not index_path.is_file():
+            raise DatasetError(
+                f"{index_path}: not found; {self.root} is not a prepared dataset, or its "
+                "`phalanx data prepare` did not finish (run it again to resume)"
+            )
+        index: dict[str, Any] = json.loads(index_path.read_text())
+        if index.get("format") != FORMAT:
+            raise DatasetError(f"{index_path}: format {index.get('format')!r}, expected {FORMAT!r}")
+        self.index = index
+        self.dtype = np.dtype(index["dtype"])
+        self.vocab_size: int = index["vocab_size"]
+        self.eos_id: int = index["eos_id"]
+        self.shards = [Shard(**s) for s in index["shards"]]
+        self._maps = [self._open(s, verify) for s in self.shards]
+        self.offsets = np.cumsum([0] + [s.tokens for s in self.shards])
+        self.total_tokens = int(self.offsets[-1])
+
+    def _open(self, shard: Shard, verify: str) -> np.memmap:
+        path = self.root / shard.file
+        if not path.is_file():
+            raise DatasetError(f"{path}: shard missing (listed in {self.root / INDEX})")
+        expected = shard.tokens * self.dtype.itemsize
+        if (size := path.stat().st_size) != expected:
+            raise DatasetError(
+                f"{path}: {size} bytes, expected {expected} ({shard.tokens} tokens): truncated or "
+                "overwritten; prepare the dataset again"
+            )
+        if verify == "full" and (digest := sha256_file(path)) != shard.sha256:
+            raise DatasetError(
+                f"{path}: checksum mismatch (sha256 {digest}, index says {shard.sha256}): the "
+                "shard is corrupt; prepare the dataset again"
+            )
+        return np.memmap(path, dtype=self.dtype, mode="r")
+
+    def num_samples(self, seq_len: int) -> int:
+        return max(0, (self.total_tokens - 1) // seq_len)
+
+    def sample(self, i: int, seq_len: int) -> np.ndarray:
+        """seq_len + 1 tokens starting at i·seq_len, read across shard boundaries."""
+        start, stop = i * seq_len, i * seq_len + seq_len + 1
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts, shard = [], first
+        while start < stop:
+            local = start - self.offsets[shard]
+            take = min(stop - start, self.shards[shard].tokens - local)
+            parts.append(self._maps[shard][local : local + take])
+            start += take
+            shard += 1
+        return np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])
