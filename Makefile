@@ -3,7 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+BENCH  ?= .venv-bench
+
+.PHONY: install demo test bench-env clean
 
 install: $(STAMP)
 
@@ -23,5 +25,16 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples
 	$(PY) -m pytest -q
 
+# The peers of bench/data_loader.py in their own environment: mosaicml-streaming imports torchvision, and the
+# torchvision this machine can install pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv.
+bench-env: $(BENCH)/.installed
+$(BENCH)/.installed:
+	python3 -m venv $(BENCH)
+	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0
+	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow
+	$(BENCH)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH) runs .pytest_cache

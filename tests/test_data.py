@@ -247,3 +247,11 @@ def test_builtin_stdlib_dataset_trains_with_fsdp_like_one_process(tmp_path: Path
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     index = json.loads((tmp_path / "cache" / "datasets" / "stdlib-byte" / "index.json").read_text())
     assert index["total_tokens"] > 1_000_000 and index["tokenizer"] == {"kind": "byte"}
+
+
+def test_batched_reads_equal_one_by_one_reads_across_shard_boundaries(shared: TokenSource) -> None:
+    ds = shared.datasets[0]
+    assert len(ds.shards) > 3
+    indices = np.arange(shared.sampler.sizes[0])  # every sample, so every boundary-crossing window too
+    rows = ds.samples(indices, 16)
+    assert all(np.array_equal(rows[i], ds.sample(int(i), 16)) for i in indices)

@@ -59,8 +59,11 @@ class TokenSource:
 
     def local_batch(self, step: int, global_batch: int, dp_rank: int, dp_size: int) -> torch.Tensor:
         sources, indices = self.locate(step, global_batch, dp_rank, dp_size)
-        rows = [self.datasets[s].sample(int(i), self.seq_len) for s, i in zip(sources, indices, strict=True)]
-        return torch.from_numpy(np.stack(rows).astype(np.int64))
+        batch = np.empty((sources.size, self.seq_len + 1), dtype=np.int64)
+        for s in np.unique(sources):
+            rows = sources == s
+            batch[rows] = self.datasets[s].samples(indices[rows], self.seq_len)
+        return torch.from_numpy(batch)
 
 
 class Prefetcher:

@@ -92,6 +92,21 @@ class TokenDataset:
     def num_samples(self, seq_len: int) -> int:
         return max(0, (self.total_tokens - 1) // seq_len)
 
+    def samples(self, indices: np.ndarray, seq_len: int) -> np.ndarray:
+        """Samples ``indices`` as rows [len(indices), seq_len + 1]: one gather per shard for the windows inside
+        it, a stitched read for the few that cross a shard boundary."""
+        starts = np.asarray(indices, dtype=np.int64) * seq_len
+        out = np.empty((starts.size, seq_len + 1), dtype=self.dtype)
+        shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
+        inside = starts + seq_len + 1 <= self.offsets[shard_of + 1]
+        window = np.arange(seq_len + 1)
+        for shard in np.unique(shard_of[inside]):
+            rows = np.flatnonzero(inside & (shard_of == shard))
+            out[rows] = self._maps[shard][(starts[rows] - self.offsets[shard])[:, None] + window]
+        for row in np.flatnonzero(~inside):
+            out[row] = self.sample(int(indices[row]), seq_len)
+        return out
+
     def sample(self, i: int, seq_len: int) -> np.ndarray:
         """seq_len + 1 tokens starting at i·seq_len, read across shard boundaries."""
         start, stop = i * seq_len, i * seq_len + seq_len + 1
