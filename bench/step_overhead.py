@@ -30,7 +30,7 @@ def launch(args: argparse.Namespace) -> None:
             f"name: bench\nresources: {{procs_per_node: {args.procs}, device: {args.device}}}\n"
             f"train: {{model: {{preset: {args.preset}}}, parallel: {{dp_shard: {dp}}}, steps: 100000,"
             f" global_batch: {args.global_batch}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},"
-            f" optimizer: {{warmup_steps: 10}}}}\n"
+            f" optimizer: {{warmup_steps: 10}}}}\ncheckpoint: {{every_steps: 1000000}}\n"
         )
         env = {**os.environ, "PHALANX_RUN_DIR": run_dir, "PHALANX_SPEC": str(spec)}
         cmd = [

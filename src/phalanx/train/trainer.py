@@ -7,11 +7,13 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from phalanx.checkpoint import CheckpointManager
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
@@ -20,6 +22,7 @@ from phalanx.spec.model import Optimizer
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
 from phalanx.train.sdk import WorkerContext
+from phalanx.train.state import RNG, ModelAndOptimizer, Progress
 
 
 def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
@@ -40,6 +43,16 @@ class StepStats:
     grad_norm: float
     lr: float
     step_time_s: float
+
+
+def _checkpoint_dir(ctx: WorkerContext) -> Path:
+    """``checkpoint.dir`` from the spec, else the run directory's checkpoints/."""
+    assert ctx.spec is not None
+    if ctx.spec.checkpoint.dir:
+        return Path(ctx.spec.checkpoint.dir)
+    if ctx.run_dir is None:
+        raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
+    return ctx.run_dir.checkpoints
 
 
 class Trainer:
@@ -66,8 +79,20 @@ class Trainer:
         )
         self.flops_per_token = self.cfg.flops_per_token(t.seq_len)
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
-        self.step = 0
-        self.batches = Prefetcher(self.data, t.global_batch, self.mesh.dp_rank, self.parallel.dp, self.step)
+        self.progress = Progress()
+        self.checkpoints = CheckpointManager(
+            _checkpoint_dir(ctx), ctx.spec.checkpoint, layout=self.parallel.model_dump(), note=self._say
+        )
+        self.state = {
+            "train": ModelAndOptimizer(self.model, self.optimizer),
+            "scheduler": self.scheduler,
+            "rng": RNG(),
+            "progress": self.progress,
+        }
+        if (latest := self.checkpoints.latest_valid()) is not None:
+            self.checkpoints.load(latest, self.state)
+            self._say(f"resumed from {latest.path} at step {self.progress.step}")
+        self.batches = Prefetcher(self.data, t.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step)
         if ctx.is_main:
             print(self.describe(), flush=True)
 
@@ -128,9 +153,13 @@ class Trainer:
         loss_mean = loss_sum / self.accum_steps
         dist.all_reduce(loss_mean)
         stats = StepStats(
-            self.step, loss_mean.item() / self.ctx.world_size, grad_norm.item(), lr, time.perf_counter() - started
+            self.progress.step,
+            loss_mean.item() / self.ctx.world_size,
+            grad_norm.item(),
+            lr,
+            time.perf_counter() - started,
         )
-        self.step += 1
+        self.progress.step += 1
         return stats
 
     def report(self, s: StepStats) -> None:
@@ -159,9 +188,16 @@ class Trainer:
                 flush=True,
             )
 
+    def _say(self, message: str) -> None:
+        if self.ctx.is_main:
+            print(message, flush=True)
+
     def fit(self) -> None:
         try:
-            while self.step < self.train.steps:
+            while self.progress.step < self.train.steps:
                 self.report(self.train_step())
+                if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
+                    self.checkpoints.save(self.progress.step, self.state)
         finally:
             self.batches.close()
+        self.checkpoints.close()
