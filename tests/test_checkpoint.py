@@ -63,6 +63,7 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     ]  # last 2 (8, 10) plus every 4th (4, 8)
     manifest = json.loads((ckpt / "step-00000010" / "manifest.json").read_text())
     assert manifest["step"] == 10 and manifest["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1}
+    assert manifest["world_size"] == 2 and len(manifest["spec_hash"]) == 16
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert verify(ckpt / "step-00000010") is None
 

@@ -84,9 +84,15 @@ def verify(path: Path) -> str | None:
 
 class CheckpointManager:
     def __init__(
-        self, root: str | Path, policy: Checkpoint, layout: dict[str, Any], note: Callable[[str], None] = print
+        self,
+        root: str | Path,
+        policy: Checkpoint,
+        layout: dict[str, Any],
+        spec_hash: str,
+        note: Callable[[str], None] = print,
     ):
         self.root, self.policy, self.layout, self.note = Path(root), policy, layout, note
+        self.spec_hash = spec_hash  # recorded in each manifest: which job (spec) wrote the checkpoint
         self.rank = dist.get_rank()
         # Background saves run their collectives on a group of their own, beside training's.
         self._group = dist.new_group(backend="gloo") if policy.async_save else None
@@ -122,7 +128,13 @@ class CheckpointManager:
                 for f in sorted(path.iterdir())
                 if f.is_file() and f.name not in (MANIFEST, COMMITTED)
             }
-            manifest = {"step": step, "layout": self.layout, "files": files}
+            manifest = {
+                "step": step,
+                "world_size": dist.get_world_size(),
+                "layout": self.layout,
+                "spec_hash": self.spec_hash,
+                "files": files,
+            }
             _write_atomic(path / MANIFEST, json.dumps(manifest, indent=1))
             _write_atomic(path / COMMITTED, hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest())
             self._retire()

@@ -4,6 +4,7 @@ cosine / linear / constant LR, grad-norm clipping, deterministic seeding, the lo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from phalanx.checkpoint import CheckpointManager
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
-from phalanx.spec import SpecError, SpecIssue
+from phalanx.spec import SpecError, SpecIssue, dump_spec
 from phalanx.spec.model import Optimizer
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
@@ -81,7 +82,11 @@ class Trainer:
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
         self.checkpoints = CheckpointManager(
-            _checkpoint_dir(ctx), ctx.spec.checkpoint, layout=self.parallel.model_dump(), note=self._say
+            _checkpoint_dir(ctx),
+            ctx.spec.checkpoint,
+            layout=self.parallel.model_dump(),
+            spec_hash=hashlib.sha256(dump_spec(ctx.spec).encode()).hexdigest()[:16],
+            note=self._say,
         )
         self.state = {
             "train": ModelAndOptimizer(self.model, self.optimizer),
