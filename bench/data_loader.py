@@ -28,7 +28,8 @@ BATCH = 64
 
 def write_phalanx(root: Path, tokens: np.ndarray) -> Path:
     """The tokens as one phalanx shard, written in the documented format (what `data prepare` produces)."""
-    from phalanx.data.shards import FORMAT, INDEX, sha256_file
+    from phalanx.data.shards import FORMAT, INDEX
+    from phalanx.storage import sha256_file
 
     out = root / "phalanx"
     if (out / INDEX).exists():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,6 +31,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from phalanx.spec.model import Checkpoint
+from phalanx.storage import sha256_file, write_atomic
 
 MANIFEST, COMMITTED = "manifest.json", "COMMITTED"
 
@@ -44,23 +44,6 @@ class CheckpointInfo:
 
 def _step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 def verify(path: Path) -> str | None:
@@ -77,7 +60,7 @@ def verify(path: Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != meta["size"]:
             return f"{name} is {f.stat().st_size} bytes, the manifest says {meta['size']}"
-        if _sha256(f) != meta["sha256"]:
+        if sha256_file(f) != meta["sha256"]:
             return f"{name} does not match its sha256 in the manifest (corrupt)"
     return None
 
@@ -124,7 +107,7 @@ class CheckpointManager:
         if self.rank == 0:
             path = _step_dir(self.root, step)
             files = {
-                f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
+                f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)}
                 for f in sorted(path.iterdir())
                 if f.is_file() and f.name not in (MANIFEST, COMMITTED)
             }
@@ -135,8 +118,8 @@ class CheckpointManager:
                 "spec_hash": self.spec_hash,
                 "files": files,
             }
-            _write_atomic(path / MANIFEST, json.dumps(manifest, indent=1))
-            _write_atomic(path / COMMITTED, hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest())
+            write_atomic(path / MANIFEST, json.dumps(manifest, indent=1).encode())
+            write_atomic(path / COMMITTED, hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest().encode())
             self._retire()
         dist.barrier(group=self._group)  # no rank moves on (or reads latest) before the commit is visible
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,17 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from phalanx.data.documents import documents, input_files
 from phalanx.data.shards import FORMAT, INDEX, TokenDataset, token_dtype
 from phalanx.data.tokenize import resolve_tokenizer
+from phalanx.storage import write_atomic
 
 STATE = ".prepare-state.json"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 def prepare(
@@ -83,10 +74,10 @@ def prepare(
         tokens = np.concatenate(buffer).astype(np_dtype)
         name = f"shard-{len(state['shards']):05d}.bin"
         data = tokens.tobytes()
-        _atomic_write(out / name, data)
+        write_atomic(out / name, data)
         state["shards"].append({"file": name, "tokens": int(tokens.size), "sha256": hashlib.sha256(data).hexdigest()})
         state["docs_done"] = docs_done
-        _atomic_write(out / STATE, json.dumps(state).encode())
+        write_atomic(out / STATE, json.dumps(state).encode())
 
     buffer: list[np.ndarray] = []
     buffered, docs_seen = 0, state["docs_done"]
@@ -123,7 +114,7 @@ def prepare(
         "total_tokens": sum(s["tokens"] for s in state["shards"]),
         "shards": state["shards"],
     }
-    _atomic_write(out / INDEX, json.dumps(index, indent=1).encode())
+    write_atomic(out / INDEX, json.dumps(index, indent=1).encode())
     (out / STATE).unlink()
     return TokenDataset(out)
 

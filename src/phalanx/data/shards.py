@@ -12,13 +12,14 @@ Samples are fixed-length windows over the whole token stream: sample i is tokens
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from phalanx.storage import sha256_file
 
 FORMAT = "phalanx-tokens-v1"
 INDEX = "index.json"
@@ -30,14 +31,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 2**32:
         return np.dtype("<u4")
     raise ValueError(f"tokenizer vocabulary of {vocab_size} ids does not fit uint32 tokens")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DatasetError(ValueError):
