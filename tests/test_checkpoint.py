@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -56,6 +57,13 @@ def _run_dirs(job: Job) -> list[Path]:
 def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     _run(job, _spec(job, ckpt, steps=10, extra=", keep_every: 4"))
+    (run,) = _run_dirs(job)
+    ls = subprocess.run([sys.executable, "-m", "phalanx", "ckpt", "ls", str(run)], capture_output=True, text=True)
+    assert ls.returncode == 0 and "no checkpoints in" in ls.stderr  # checkpoint.dir points outside the run dir
+    verified = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "verify", str(ckpt)], capture_output=True, text=True
+    )
+    assert verified.returncode == 0 and verified.stdout.count(" valid ") == 3
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "step-00000004",
         "step-00000008",
@@ -114,6 +122,13 @@ def test_corrupt_or_unfinished_newest_checkpoint_falls_back(job: Job, tmp_path: 
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert "__1_0.distcp does not match its sha256" in verify(ckpt / "step-00000006")
+    cli = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "verify", str(ckpt)], capture_output=True, text=True, timeout=60
+    )
+    assert cli.returncode == 1 and "1 invalid checkpoint(s)" in cli.stderr
+    listed = [line.split()[:3] for line in cli.stdout.splitlines()[1:]]
+    assert listed == [["4", "1.8", "MiB"], ["6", "1.8", "MiB"]] and "valid" in cli.stdout.splitlines()[1]
+    assert "invalid: __1_0.distcp does not match its sha256" in cli.stdout.splitlines()[2]
     shutil.copytree(ckpt / "step-00000004", ckpt / "step-00000008")
     (ckpt / "step-00000008" / "COMMITTED").unlink()  # a save that died before its commit
     result = _run(job, _spec(job, ckpt, steps=7))

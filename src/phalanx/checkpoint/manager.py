@@ -42,7 +42,18 @@ class CheckpointInfo:
     path: Path
 
 
-def _step_dir(root: Path, step: int) -> Path:
+def saved_steps(root: Path) -> list[int]:
+    """Steps that have a checkpoint directory under ``root``, committed or not, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        int(p.name.removeprefix("step-"))
+        for p in root.glob("step-*")
+        if p.is_dir() and p.name.removeprefix("step-").isdigit()
+    )
+
+
+def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
@@ -86,7 +97,7 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         self.wait()  # at most one in flight: the previous save commits before the next starts
-        path = _step_dir(self.root, step)
+        path = step_dir(self.root, step)
         if self.policy.async_save:
             response = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
             future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
@@ -105,7 +116,7 @@ class CheckpointManager:
 
     def _commit(self, step: int) -> None:
         if self.rank == 0:
-            path = _step_dir(self.root, step)
+            path = step_dir(self.root, step)
             files = {
                 f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)}
                 for f in sorted(path.iterdir())
@@ -125,22 +136,16 @@ class CheckpointManager:
 
     def _retire(self) -> None:
         """Delete committed checkpoints that keep_last / keep_every no longer keep; nothing else."""
-        committed = sorted(s for s in self.steps() if (_step_dir(self.root, s) / COMMITTED).is_file())
+        committed = sorted(s for s in self.steps() if (step_dir(self.root, s) / COMMITTED).is_file())
         keep = set(committed[-self.policy.keep_last :])
         if self.policy.keep_every:
             keep |= {s for s in committed if s % self.policy.keep_every == 0}
         for step in committed:
             if step not in keep:
-                shutil.rmtree(_step_dir(self.root, step))
+                shutil.rmtree(step_dir(self.root, step))
 
     def steps(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        return sorted(
-            int(p.name.removeprefix("step-"))
-            for p in self.root.glob("step-*")
-            if p.is_dir() and p.name.removeprefix("step-").isdigit()
-        )
+        return saved_steps(self.root)
 
     def latest_valid(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies; older ones are tried in turn, and each skip is said.
@@ -148,13 +153,13 @@ class CheckpointManager:
         found: list[int | None] = [None]
         if self.rank == 0:
             for step in reversed(self.steps()):
-                problem = verify(_step_dir(self.root, step))
+                problem = verify(step_dir(self.root, step))
                 if problem is None:
                     found[0] = step
                     break
-                self.note(f"checkpoint {_step_dir(self.root, step)} skipped: {problem}")
+                self.note(f"checkpoint {step_dir(self.root, step)} skipped: {problem}")
         dist.broadcast_object_list(found, src=0)
-        return None if found[0] is None else CheckpointInfo(found[0], _step_dir(self.root, found[0]))
+        return None if found[0] is None else CheckpointInfo(found[0], step_dir(self.root, found[0]))
 
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> None:
         dcp.load(state, checkpoint_id=str(info.path))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.syntax import Syntax
+from rich.table import Table
 
 from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run PyTorch training jobs and keep them running.")
 err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)  # piped: one row a line, unwrapped
 
 JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=False)
 
@@ -36,7 +39,7 @@ def _load(path: Path) -> JobSpec:
 def validate(job: Path = JOB) -> None:
     """Print the resolved spec (defaults filled in), or every error in it; exit 2 on errors."""
     spec = _load(job)
-    Console().print(Syntax(dump_spec(spec), "yaml", background_color="default"))
+    out.print(Syntax(dump_spec(spec), "yaml", background_color="default"))
     if spec.parallel:
         p = spec.parallel
         err.print(
@@ -105,6 +108,52 @@ def data_verify(dataset: Path = typer.Argument(..., help="a prepared dataset dir
         err.print(f"[bold red]bad dataset[/]: {e}", highlight=False)
         raise typer.Exit(1) from None
     err.print(f"{dataset}: ok, {len(ds.shards)} shard(s), {ds.total_tokens:,} tokens", highlight=False)
+
+
+ckpt_app = typer.Typer(no_args_is_help=True, help="List and verify checkpoints.")
+app.add_typer(ckpt_app, name="ckpt")
+CKPT = typer.Argument(..., help="a run directory (its checkpoints/) or a checkpoint directory")
+
+
+def _checkpoint_root(path: Path) -> Path:
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def _checkpoint_table(path: Path) -> tuple[Table, int]:
+    """Every checkpoint under ``path`` with its step, size and status, and how many are not valid."""
+    from phalanx.checkpoint import saved_steps, step_dir, verify
+
+    root = _checkpoint_root(path)
+    table = Table("step", "size", "status", "path", box=None, header_style="bold")
+    bad = 0
+    for step in saved_steps(root):
+        where = step_dir(root, step)
+        size = sum(f.stat().st_size for f in where.iterdir() if f.is_file())
+        problem = verify(where)
+        bad += problem is not None
+        status = "[green]valid[/]" if problem is None else f"[red]invalid[/]: {problem}"
+        table.add_row(str(step), f"{size / 2**20:.1f} MiB", status, str(where))
+    return table, bad
+
+
+@ckpt_app.command("ls")
+def ckpt_ls(path: Path = CKPT) -> None:
+    """List checkpoints with step, size and status (valid, or why not)."""
+    table, _ = _checkpoint_table(path)
+    if table.row_count:
+        out.print(table)
+    else:
+        err.print(f"no checkpoints in {path}")
+
+
+@ckpt_app.command("verify")
+def ckpt_verify(path: Path = CKPT) -> None:
+    """Verify every checkpoint against its manifest (commit marker, sizes, sha256); exit 1 if any is invalid."""
+    table, bad = _checkpoint_table(path)
+    out.print(table)
+    if bad or not table.row_count:
+        err.print(f"{bad} invalid checkpoint(s)" if table.row_count else f"no checkpoints in {path}")
+        raise typer.Exit(1)
 
 
 def main() -> None:
