@@ -136,7 +136,7 @@ class CheckpointManager:
 
     def _retire(self) -> None:
         """Delete committed checkpoints that keep_last / keep_every no longer keep; nothing else."""
-        committed = sorted(s for s in self.steps() if (step_dir(self.root, s) / COMMITTED).is_file())
+        committed = sorted(s for s in saved_steps(self.root) if (step_dir(self.root, s) / COMMITTED).is_file())
         keep = set(committed[-self.policy.keep_last :])
         if self.policy.keep_every:
             keep |= {s for s in committed if s % self.policy.keep_every == 0}
@@ -144,15 +144,12 @@ class CheckpointManager:
             if step not in keep:
                 shutil.rmtree(step_dir(self.root, step))
 
-    def steps(self) -> list[int]:
-        return saved_steps(self.root)
-
     def latest_valid(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies; older ones are tried in turn, and each skip is said.
         Rank 0 decides and tells the others, so every rank loads the same one."""
         found: list[int | None] = [None]
         if self.rank == 0:
-            for step in reversed(self.steps()):
+            for step in reversed(saved_steps(self.root)):
                 problem = verify(step_dir(self.root, step))
                 if problem is None:
                     found[0] = step

@@ -14,7 +14,7 @@ from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run PyTorch training jobs and keep them running.")
 err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)  # piped: one row a line, unwrapped
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000)  # piped: one row a line, unwrapped
 
 JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=False)
 
@@ -39,7 +39,7 @@ def _load(path: Path) -> JobSpec:
 def validate(job: Path = JOB) -> None:
     """Print the resolved spec (defaults filled in), or every error in it; exit 2 on errors."""
     spec = _load(job)
-    out.print(Syntax(dump_spec(spec), "yaml", background_color="default"))
+    stdout.print(Syntax(dump_spec(spec), "yaml", background_color="default"))
     if spec.parallel:
         p = spec.parallel
         err.print(
@@ -141,7 +141,7 @@ def ckpt_ls(path: Path = CKPT) -> None:
     """List checkpoints with step, size and status (valid, or why not)."""
     table, _ = _checkpoint_table(path)
     if table.row_count:
-        out.print(table)
+        stdout.print(table)
     else:
         err.print(f"no checkpoints in {path}")
 
@@ -150,7 +150,7 @@ def ckpt_ls(path: Path = CKPT) -> None:
 def ckpt_verify(path: Path = CKPT) -> None:
     """Verify every checkpoint against its manifest (commit marker, sizes, sha256); exit 1 if any is invalid."""
     table, bad = _checkpoint_table(path)
-    out.print(table)
+    stdout.print(table)
     if bad or not table.row_count:
         err.print(f"{bad} invalid checkpoint(s)" if table.row_count else f"no checkpoints in {path}")
         raise typer.Exit(1)

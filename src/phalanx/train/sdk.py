@@ -43,7 +43,7 @@ class WorkerContext:
         return self.rank == 0
 
     def heartbeat(self, step: int) -> None:
-        """Tell the supervisor this rank made progress (read for hang detection and failure reports)."""
+        """Tell the supervisor this rank made progress (its failure report names the last step reported)."""
         if self._store is not None:
             self._store.set(HEARTBEAT_KEY.format(rank=self.rank), json.dumps({"step": step, "ts": time.time()}))
 
