@@ -32,7 +32,7 @@ $(BENCH)/.installed:
 	python3 -m venv $(BENCH)
 	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0
-	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow
+	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors
 	$(BENCH)/bin/pip install --quiet --no-deps -e .
 	touch $@
 

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,3 +46,44 @@ class Job:
 @pytest.fixture
 def job(tmp_path: Path) -> Job:
     return Job(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3-API server (moto's standalone server) on loopback, with an empty bucket ``phalanx-test``.
+    Yields the environment variables an S3 client (s3fs, boto) takes its endpoint and credentials from."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "phalanx",
+        "AWS_SECRET_ACCESS_KEY": "phalanx-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "moto server did not start"
+                time.sleep(0.2)
+        os.environ.update(env)
+        fsspec.filesystem("s3", skip_instance_cache=True).mkdir("phalanx-test")
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.terminate()
+        server.wait(timeout=30)

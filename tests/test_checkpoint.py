@@ -16,11 +16,13 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import REPO, Job
-from phalanx.checkpoint import verify
+from phalanx.checkpoint import CheckpointDir
+from phalanx.checkpoint.export import read_model
 from phalanx.obs import read_jsonl
+from phalanx.train.models.llama import Llama, LlamaConfig
 
 
-def _spec(job: Job, ckpt: Path, procs: int = 2, parallel: str = "{}", steps: int = 12, extra: str = "") -> Path:
+def _spec(job: Job, ckpt: Path | str, procs: int = 2, parallel: str = "{}", steps: int = 12, extra: str = "") -> Path:
     return job.spec(
         f"name: t\nresources: {{procs_per_node: {procs}, device: cpu}}\n"
         f"train: {{model: {{preset: llama-tiny}}, parallel: {parallel}, steps: {steps}, global_batch: 8,"
@@ -54,6 +56,21 @@ def _run_dirs(job: Job) -> list[Path]:
     return sorted((job.runs / "t").iterdir(), key=lambda d: next(read_jsonl(d / "events.jsonl"))["ts"])
 
 
+def _start(job: Job, spec: Path) -> tuple[subprocess.Popen[str], dict[int, int]]:
+    """Start ``phalanx run`` in the background; return it and its workers' pids once they are started."""
+    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while True:
+        new = set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()
+        for events in (d / "events.jsonl" for d in new):
+            for e in read_jsonl(events) if events.is_file() else ():
+                if e["kind"] == "attempt_started":
+                    return sup, {int(rank): int(pid) for rank, pid in e["pids"].items()}
+        assert sup.poll() is None and time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.01)
+
+
 def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     _run(job, _spec(job, ckpt, steps=10, extra=", keep_every: 4"))
@@ -73,7 +90,7 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert manifest["step"] == 10 and manifest["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1}
     assert manifest["world_size"] == 2 and len(manifest["spec_hash"]) == 16
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
-    assert verify(ckpt / "step-00000010") is None
+    assert CheckpointDir(ckpt).verify(10) is None
 
 
 def test_sync_and_async_saves_hold_the_same_weights(job: Job, tmp_path: Path) -> None:
@@ -89,16 +106,14 @@ def test_kill_9_then_resume_ends_bitwise_identical(job: Job, tmp_path: Path) -> 
     """kill -9 every process of a run once a checkpoint is committed; rerun; the weights end identical."""
     _run(job, _spec(job, tmp_path / "straight"))
     spec = _spec(job, tmp_path / "killed")
-    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    sup, pids = _start(job, spec)
     marker = tmp_path / "killed" / "step-00000004" / "COMMITTED"
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert sup.poll() is None and time.monotonic() < deadline, "no checkpoint before the kill"
         time.sleep(0.01)
-    events = list(read_jsonl(_run_dirs(job)[-1] / "events.jsonl"))
-    pids = next(e["pids"] for e in events if e["kind"] == "attempt_started")
     for pid in [sup.pid, *pids.values()]:
-        os.kill(int(pid), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
     sup.wait()
     time.sleep(0.5)
     resumed = _run(job, spec)
@@ -121,7 +136,7 @@ def test_corrupt_or_unfinished_newest_checkpoint_falls_back(job: Job, tmp_path: 
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert "__1_0.distcp does not match its sha256" in verify(ckpt / "step-00000006")
+    assert "__1_0.distcp does not match its sha256" in CheckpointDir(ckpt).verify(6)
     cli = subprocess.run(
         [sys.executable, "-m", "phalanx", "ckpt", "verify", str(ckpt)], capture_output=True, text=True, timeout=60
     )
@@ -137,19 +152,172 @@ def test_corrupt_or_unfinished_newest_checkpoint_falls_back(job: Job, tmp_path: 
     assert "at step 4" in result.stdout
 
 
+@pytest.fixture(scope="module")
+def saved_by_fsdp4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+    """A checkpoint of step 4 saved by FSDP over 4 ranks, and the losses of steps 4 and 5 that FSDP 4 goes on with."""
+    job = Job(tmp_path_factory.mktemp("fsdp4"))
+    saved = job.tmp / "saved"
+    _run(job, _spec(job, saved, procs=4, parallel="{dp_shard: 4}", steps=4))
+    shutil.copytree(saved, job.tmp / "same")
+    _run(job, _spec(job, job.tmp / "same", procs=4, parallel="{dp_shard: 4}", steps=6))
+    return saved, _losses(_run_dirs(job)[-1])
+
+
 @pytest.mark.parametrize(
     "procs, parallel",
-    [(1, "{}"), (2, "{tp: 2}"), (4, "{dp_replicate: 2, dp_shard: 2}"), (4, "{dp_shard: 4}")],
-    ids=["1rank", "tp2", "hsdp2x2", "fsdp4"],
+    [(1, "{}"), (2, "{}"), (2, "{tp: 2}"), (4, "{dp_replicate: 2, dp_shard: 2}")],
+    ids=["1rank", "fsdp2", "tp2", "hsdp2x2"],
 )
-def test_checkpoint_reshards_into_another_layout(job: Job, tmp_path: Path, procs: int, parallel: str) -> None:
-    """Saved by FSDP over 2 ranks at step 4; continued to step 6 by another layout: the same losses."""
-    saved = tmp_path / "saved"
-    _run(job, _spec(job, saved, steps=4))
-    shutil.copytree(saved, tmp_path / "same")
+def test_checkpoint_reshards_into_another_layout(
+    job: Job, tmp_path: Path, saved_by_fsdp4: tuple[Path, dict[int, float]], procs: int, parallel: str
+) -> None:
+    """Saved by FSDP over 4 ranks at step 4; continued to step 6 by another layout: the same losses."""
+    saved, same = saved_by_fsdp4
     shutil.copytree(saved, tmp_path / "other")
-    _run(job, _spec(job, tmp_path / "same", steps=6))
-    _run(job, _spec(job, tmp_path / "other", procs=procs, parallel=parallel, steps=6))
-    same, other = (_losses(d) for d in _run_dirs(job)[1:])
+    result = _run(job, _spec(job, tmp_path / "other", procs=procs, parallel=parallel, steps=6))
+    assert "at step 4" in result.stdout
+    other = _losses(job.run_dir())
     assert sorted(other) == [4, 5]
     assert [other[s] for s in (4, 5)] == pytest.approx([same[s] for s in (4, 5)], rel=1e-5)
+
+
+def test_kill_9_a_rank_in_the_middle_of_a_save(job: Job, tmp_path: Path) -> None:
+    """Rank 1 killed while a save is being written: that checkpoint never becomes valid, the one before it
+    stays the latest valid, and the job resumes from it."""
+    ckpt = tmp_path / "ckpt"
+    spec = job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        "train: {model: {preset: llama-debug}, steps: 40, global_batch: 8, micro_batch: 4, seq_len: 32,"
+        " optimizer: {warmup_steps: 2}}\n"
+        f"checkpoint: {{dir: '{ckpt}', every_steps: 2, keep_last: 2}}\nresilience: {{stop_grace_s: 5}}\n"
+    )
+    sup, pids = _start(job, spec)
+    dirs, victim = CheckpointDir(ckpt), pids[1]
+    deadline, caught = time.monotonic() + 240, None
+    while caught is None:
+        assert sup.poll() is None and time.monotonic() < deadline, "no save was caught in flight"
+        steps = dirs.steps()
+        writing = [s for s in steps if not dirs.committed(s) and any((ckpt / f"step-{s:08d}").glob("*.distcp"))]
+        if writing and any(dirs.committed(s) for s in steps):
+            os.kill(victim, signal.SIGSTOP)  # a stopped rank 1 cannot send the hashes the commit waits for
+            if dirs.committed(writing[0]):
+                os.kill(victim, signal.SIGCONT)  # too late: this save got its commit; catch the next one
+            else:
+                caught = writing[0]
+                os.kill(victim, signal.SIGKILL)
+        time.sleep(0.002)
+    out, _ = sup.communicate(timeout=120)
+    assert sup.returncode == 1 and "rank 1" in out and "SIGKILL" in out, out[-3000:]
+    previous = max(s for s in dirs.steps() if dirs.committed(s))
+    assert previous == caught - 2 and not dirs.committed(caught)
+    assert "no commit marker" in dirs.verify(caught) and dirs.verify(previous) is None
+    short = job.spec(spec.read_text().replace("steps: 40", f"steps: {previous + 1}"))
+    result = _run(job, short)
+    assert f"step-{caught:08d} skipped: no commit marker" in result.stdout
+    assert f"resumed from {ckpt}/step-{previous:08d} at step {previous}" in result.stdout
+
+
+def test_sigterm_saves_an_emergency_checkpoint_within_the_grace_period(job: Job, tmp_path: Path) -> None:
+    """SIGTERM (preemption) mid-run: every rank stops after the same step, saves it, and exits 143; the run
+    resumed from that checkpoint ends with the losses of a run never stopped."""
+    _run(job, _spec(job, tmp_path / "straight", steps=30, extra=", every_steps: 100"))
+    (straight_run,) = _run_dirs(job)
+    spec = _spec(job, tmp_path / "stopped", steps=30, extra=", every_steps: 100")
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not any(
+        (m := d / "metrics.jsonl").is_file() and len(m.read_text().splitlines()) >= 4
+        for d in (job.runs / "t").iterdir()
+        if d != straight_run
+    ):
+        assert sup.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    sup.send_signal(signal.SIGTERM)
+    out, _ = sup.communicate(timeout=120)
+    assert sup.returncode == 143, out[-3000:]
+    saved = int(out.split("emergency checkpoint of step ")[1].split()[0])
+    assert 4 <= saved < 30 and "(grace 30 s)" in out
+    assert CheckpointDir(tmp_path / "stopped").steps() == [saved]
+    assert CheckpointDir(tmp_path / "stopped").verify(saved) is None
+    events = [e for e in read_jsonl(_run_dirs(job)[-1] / "events.jsonl") if e["kind"] == "preempted"]
+    assert [e["step"] for e in events] == [saved]
+    resumed = _run(job, spec)
+    assert f"at step {saved}" in resumed.stdout
+    straight, again = _losses(straight_run), _losses(_run_dirs(job)[-1])
+    assert min(again) == saved and all(again[s] == straight[s] for s in again)
+
+
+def test_s3_round_trip(job: Job, tmp_path: Path, s3_server: dict[str, str]) -> None:
+    """Checkpoints written to, listed, verified, resumed and exported from a real S3-API server via s3fs."""
+    url = "s3://phalanx-test/runs/t"
+    _run(job, _spec(job, tmp_path / "local", steps=4))
+    _run(job, _spec(job, url, steps=4))
+    s3 = CheckpointDir(url)
+    assert s3.steps() == [2, 4] and all(s3.verify(s) is None for s in (2, 4))
+    assert s3.fs.exists("phalanx-test/runs/t/step-00000004/COMMITTED")
+    verified = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "verify", url], capture_output=True, text=True, timeout=60
+    )
+    assert verified.returncode == 0 and f"{url}/step-00000004" in verified.stdout, verified.stderr
+    _, from_s3 = read_model(s3, 4)
+    _, from_disk = read_model(CheckpointDir(tmp_path / "local"), 4)
+    _assert_same(from_s3, from_disk)
+    result = _run(job, _spec(job, url, steps=8))
+    assert f"resumed from {url}/step-00000004 at step 4" in result.stdout
+    assert s3.steps() == [6, 8]  # keep_last 2: the older ones were deleted from the bucket
+    local = _run(job, _spec(job, tmp_path / "local", steps=8))
+    assert "at step 4" in local.stdout
+    assert _losses(_run_dirs(job)[-2]) == _losses(_run_dirs(job)[-1])
+
+
+@pytest.mark.parametrize(
+    "procs, parallel, model",
+    [(2, "{tp: 2}", "{preset: llama-tiny}"), (2, "{}", "{preset: llama-tiny, tie_embeddings: true}")],
+    ids=["untied-from-tp2", "tied-from-fsdp2"],
+)
+def test_export_to_safetensors_reproduces_the_logits(
+    job: Job, tmp_path: Path, procs: int, parallel: str, model: str
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(job, ckpt, procs=procs, parallel=parallel, steps=4)
+    spec.write_text(spec.read_text().replace("{preset: llama-tiny}", model))
+    _run(job, spec)
+    out = tmp_path / "hf"
+    cli = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "export", str(ckpt), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 0 and "exported step 4" in cli.stderr, cli.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] == ("tie" in model)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    cfg, weights = read_model(CheckpointDir(ckpt), 4)
+    ours = Llama(LlamaConfig(**{k: v for k, v in cfg.items() if k != "preset"}))
+    ours.load_state_dict(weights)
+    tokens = torch.randint(0, cfg["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = ours(tokens), hf(tokens).logits
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+    assert hf.num_parameters() == LlamaConfig(**{k: v for k, v in cfg.items() if k != "preset"}).num_params()
+
+
+def test_export_refuses_what_it_cannot_export(tmp_path: Path) -> None:
+    (tmp_path / "step-00000002").mkdir()
+    cli = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "export", str(tmp_path), "--out", str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 1 and "no valid checkpoint in" in cli.stderr
+    cli = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "export", str(tmp_path), "--out", "hf", "--step", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 1 and "no checkpoint of step 3" in cli.stderr and "steps there: 2" in cli.stderr
+    assert not (tmp_path / "hf").exists()

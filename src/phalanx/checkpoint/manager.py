@@ -1,167 +1,167 @@
 """The CheckpointManager: sharded saves through torch.distributed.checkpoint (DCP), committed atomically.
 
-    <dir>/step-00000050/   DCP's shard files and .metadata, then
-                           manifest.json  (step, world layout, spec hash, every file's size and sha256)
-                           COMMITTED      (renamed into place last: the checkpoint exists from then on)
+A save becomes visible only once every rank's shards and DCP's metadata are written (DCP's save returns
+on every rank after its final collective), every file is hashed (the ranks share the hashing) and rank 0
+has written the manifest and then the commit marker (see ``directory``). ``latest_valid()`` walks back from
+the newest step and skips, saying why, any checkpoint without a marker or whose files do not match its
+manifest. Loading goes through DCP, which reshards: a checkpoint saved with one layout (FSDP over 4,
+TP 2, ...) loads into any other.
 
-A save becomes visible only after every rank's shards and DCP's metadata are written (DCP's save returns
-on every rank after its final collective), the manifest is written, and the marker is renamed into place.
-``latest_valid()`` walks back from the newest step and skips, saying why, any checkpoint without a marker
-or whose files do not match its manifest. Loading goes through DCP, which reshards: a checkpoint saved
-with one layout (FSDP over 4, TP 2, ...) loads into any other.
-
-Async saves use DCP's ``async_save``: the state is staged to CPU memory, then written by a background
-thread over a process group of its own, so training continues; at most one save is in flight and the next
-waits for it, so a checkpoint is never overwritten or half-replaced.
+Async saves (the default) copy the state into reused CPU buffers and write it, on a background thread whose
+collectives run over a process group of their own, while training goes on; the trainer calls ``staged()``
+before its optimizer changes the weights. At most one save is in flight: the next one waits for it, so a
+checkpoint is never overwritten or half replaced. Sync saves do the same work on the calling thread.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
+import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.stateful import Stateful
 
+from phalanx.checkpoint.directory import CheckpointDir
+from phalanx.checkpoint.staging import Staging
 from phalanx.spec.model import Checkpoint
-from phalanx.storage import sha256_file, write_atomic
-
-MANIFEST, COMMITTED = "manifest.json", "COMMITTED"
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
     step: int
-    path: Path
-
-
-def saved_steps(root: Path) -> list[int]:
-    """Steps that have a checkpoint directory under ``root``, committed or not, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(
-        int(p.name.removeprefix("step-"))
-        for p in root.glob("step-*")
-        if p.is_dir() and p.name.removeprefix("step-").isdigit()
-    )
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
-
-
-def verify(path: Path) -> str | None:
-    """Why the checkpoint at ``path`` is not valid, or None if it is (marker present, files match manifest)."""
-    if not (path / COMMITTED).is_file():
-        return "no commit marker (the save did not finish)"
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        return f"unreadable {MANIFEST} ({e})"
-    for name, meta in manifest["files"].items():
-        f = path / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != meta["size"]:
-            return f"{name} is {f.stat().st_size} bytes, the manifest says {meta['size']}"
-        if sha256_file(f) != meta["sha256"]:
-            return f"{name} does not match its sha256 in the manifest (corrupt)"
-    return None
+    path: str
 
 
 class CheckpointManager:
     def __init__(
         self,
-        root: str | Path,
+        root: str,
         policy: Checkpoint,
+        *,
         layout: dict[str, Any],
         spec_hash: str,
-        note: Callable[[str], None] = print,
+        model: dict[str, Any] | None = None,
+        device: torch.device = torch.device("cpu"),
+        log: Callable[[str], None] = print,
+        event: Callable[..., None] = lambda kind, **fields: None,
     ):
-        self.root, self.policy, self.layout, self.note = Path(root), policy, layout, note
-        self.spec_hash = spec_hash  # recorded in each manifest: which job (spec) wrote the checkpoint
-        self.rank = dist.get_rank()
-        # Background saves run their collectives on a group of their own, beside training's.
-        self._group = dist.new_group(backend="gloo") if policy.async_save else None
-        self._pending: tuple[int, Future] | None = None
+        self.dir, self.policy, self.log, self.event = CheckpointDir(root), policy, log, event
+        # Recorded in each manifest: the layout that wrote it, which job (spec) and which model (for export).
+        self._about = {"layout": layout, "spec_hash": spec_hash, "model": model}
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        # Saves run their collectives on a group of their own, so a background save never interleaves with
+        # training's collectives.
+        self._group = dist.new_group(backend="gloo")
+        self._staging = Staging(device)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint")
+        self._staged: Future[None] | None = None
+        self._pending: tuple[int, Future[None]] | None = None
+        self._blocked_s = 0.0  # training time the save in flight has cost so far
 
     def due(self, step: int) -> bool:
         return step % self.policy.every_steps == 0
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        self.wait()  # at most one in flight: the previous save commits before the next starts
-        path = step_dir(self.root, step)
-        if self.policy.async_save:
-            response = dcp.async_save(state, checkpoint_id=str(path), process_group=self._group)
-            future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
-            self._pending = (step, future)
-        else:
-            dcp.save(state, checkpoint_id=str(path))
-            self._commit(step)
+    def save(self, step: int, state: dict[str, Any], *, sync: bool | None = None) -> None:
+        """Save ``state`` (DCP state: Stateful objects and tensors) as the checkpoint of ``step``. Async unless
+        the policy or ``sync`` says otherwise; a sync save returns once the checkpoint is committed."""
+        started = time.perf_counter()
+        busy = self._pending is not None and not self._pending[1].done()
+        self.wait()  # at most one in flight
+        if busy:
+            self.log(
+                f"checkpoint of step {step} waited {time.perf_counter() - started:.2f} s for the previous save "
+                f"to commit (saving takes longer than checkpoint.every_steps = {self.policy.every_steps} steps)"
+            )
+        flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+        if sync if sync is not None else not self.policy.async_save:
+            self._write(step, flat, started)  # DCP writes straight from the live state: no copy needed
+            return
+        after = self._staging.ready_event()
+        staged: Future[dict[str, Any]] = self._thread.submit(self._staging.copy, flat, after)
+        self._staged = staged
+        self._pending = (step, self._thread.submit(lambda: self._write(step, staged.result(), None)))
+        self._blocked_s = time.perf_counter() - started
+
+    def staged(self) -> None:
+        """Return once the save in flight no longer reads the live state: call before changing it."""
+        if self._staged is not None:
+            started = time.perf_counter()
+            self._staged.result()
+            self._staged = None
+            self._blocked_s += time.perf_counter() - started
 
     def wait(self) -> None:
-        """Finish (and commit) the save in flight, if any."""
+        """Finish (and commit) the save in flight, if any; raise what it raised."""
         if self._pending is not None:
-            step, future = self._pending
-            self._pending = None
+            _, future = self._pending
+            self._pending = self._staged = None
             future.result()
-            self._commit(step)
 
-    def _commit(self, step: int) -> None:
+    def _write(self, step: int, state: dict[str, Any], started: float | None) -> None:
+        """Write ``state`` as step ``step``'s checkpoint and commit it (all ranks, on the save group)."""
+        began = time.perf_counter()
         if self.rank == 0:
-            path = step_dir(self.root, step)
-            files = {
-                f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)}
-                for f in sorted(path.iterdir())
-                if f.is_file() and f.name not in (MANIFEST, COMMITTED)
-            }
-            manifest = {
-                "step": step,
-                "world_size": dist.get_world_size(),
-                "layout": self.layout,
-                "spec_hash": self.spec_hash,
-                "files": files,
-            }
-            write_atomic(path / MANIFEST, json.dumps(manifest, indent=1).encode())
-            write_atomic(path / COMMITTED, hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest().encode())
+            self.dir.remove(step)  # leftovers of an earlier attempt at this step, never half-mixed with ours
+        dist.barrier(group=self._group)
+        metadata = dcp.save(state, checkpoint_id=self.dir.location(step), process_group=self._group)
+        files = self._hash_files(step, metadata)
+        if self.rank == 0:
+            size = sum(f["size"] for f in files.values())
+            self.dir.commit(step, {"step": step, "world_size": self.world_size, **self._about, "files": files})
+            blocked = time.perf_counter() - started if started is not None else self._blocked_s
+            wrote = time.perf_counter() - began
+            self.log(
+                f"checkpoint step {step} committed: {size / 2**20:.1f} MiB to {self.dir.location(step)}, "
+                f"training blocked {blocked * 1e3:.0f} ms, written in {wrote:.2f} s"
+            )
+            self.event("checkpoint_committed", step=step, bytes=size, blocked_s=blocked, write_s=wrote)
             self._retire()
-        dist.barrier(group=self._group)  # no rank moves on (or reads latest) before the commit is visible
+        dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
+
+    def _hash_files(self, step: int, metadata: Metadata) -> dict[str, dict[str, Any]]:
+        """Size and sha256 of every file of the checkpoint, each rank hashing its share; rank 0 gets them all."""
+        names = sorted({info.relative_path for info in metadata.storage_data.values()} | {".metadata"})
+        mine = {name: self.dir.describe_file(step, name) for name in names[self.rank :: self.world_size]}
+        gathered: list[dict[str, Any]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0, group=self._group)
+        return {name: meta for part in gathered or [] for name, meta in sorted(part.items())}
 
     def _retire(self) -> None:
         """Delete committed checkpoints that keep_last / keep_every no longer keep; nothing else."""
-        committed = sorted(s for s in saved_steps(self.root) if (step_dir(self.root, s) / COMMITTED).is_file())
+        committed = [s for s in self.dir.steps() if self.dir.committed(s)]
         keep = set(committed[-self.policy.keep_last :])
         if self.policy.keep_every:
             keep |= {s for s in committed if s % self.policy.keep_every == 0}
         for step in committed:
             if step not in keep:
-                shutil.rmtree(step_dir(self.root, step))
+                self.dir.remove(step)
 
     def latest_valid(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies; older ones are tried in turn, and each skip is said.
         Rank 0 decides and tells the others, so every rank loads the same one."""
         found: list[int | None] = [None]
         if self.rank == 0:
-            for step in reversed(saved_steps(self.root)):
-                problem = verify(step_dir(self.root, step))
+            for step in reversed(self.dir.steps()):
+                problem = self.dir.verify(step)
                 if problem is None:
                     found[0] = step
                     break
-                self.note(f"checkpoint {step_dir(self.root, step)} skipped: {problem}")
+                self.log(f"checkpoint {self.dir.location(step)} skipped: {problem}")
         dist.broadcast_object_list(found, src=0)
-        return None if found[0] is None else CheckpointInfo(found[0], step_dir(self.root, found[0]))
+        return None if found[0] is None else CheckpointInfo(found[0], self.dir.location(found[0]))
 
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> None:
-        dcp.load(state, checkpoint_id=str(info.path))
+        dcp.load(state, checkpoint_id=self.dir.location(info.step))
 
     def close(self) -> None:
-        self.wait()
-        if self._group is not None:
+        try:
+            self.wait()
+        finally:
+            self._thread.shutdown()
             dist.destroy_process_group(self._group)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -11,6 +12,9 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
+
+if TYPE_CHECKING:
+    from phalanx.checkpoint import CheckpointDir
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Run PyTorch training jobs and keep them running.")
 err = Console(stderr=True, soft_wrap=True)
@@ -110,34 +114,35 @@ def data_verify(dataset: Path = typer.Argument(..., help="a prepared dataset dir
     err.print(f"{dataset}: ok, {len(ds.shards)} shard(s), {ds.total_tokens:,} tokens", highlight=False)
 
 
-ckpt_app = typer.Typer(no_args_is_help=True, help="List and verify checkpoints.")
+ckpt_app = typer.Typer(no_args_is_help=True, help="List, verify and export checkpoints.")
 app.add_typer(ckpt_app, name="ckpt")
-CKPT = typer.Argument(..., help="a run directory (its checkpoints/) or a checkpoint directory")
+CKPT = typer.Argument(
+    ..., help="a run directory (its checkpoints/), or a checkpoint directory: a path or a URL such as s3://bucket/run"
+)
 
 
-def _checkpoint_root(path: Path) -> Path:
-    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+def _checkpoints(where: str) -> CheckpointDir:
+    from phalanx.checkpoint import CheckpointDir
+
+    run = Path(where) / "checkpoints"
+    return CheckpointDir(run if "://" not in where and run.is_dir() else where)
 
 
-def _checkpoint_table(path: Path) -> tuple[Table, int]:
-    """Every checkpoint under ``path`` with its step, size and status, and how many are not valid."""
-    from phalanx.checkpoint import saved_steps, step_dir, verify
-
-    root = _checkpoint_root(path)
+def _checkpoint_table(where: str) -> tuple[Table, int]:
+    """Every checkpoint under ``where`` with its step, size and status, and how many are not valid."""
+    checkpoints = _checkpoints(where)
     table = Table("step", "size", "status", "path", box=None, header_style="bold")
     bad = 0
-    for step in saved_steps(root):
-        where = step_dir(root, step)
-        size = sum(f.stat().st_size for f in where.iterdir() if f.is_file())
-        problem = verify(where)
+    for step in checkpoints.steps():
+        problem = checkpoints.verify(step)
         bad += problem is not None
         status = "[green]valid[/]" if problem is None else f"[red]invalid[/]: {problem}"
-        table.add_row(str(step), f"{size / 2**20:.1f} MiB", status, str(where))
+        table.add_row(str(step), f"{checkpoints.size(step) / 2**20:.1f} MiB", status, checkpoints.location(step))
     return table, bad
 
 
 @ckpt_app.command("ls")
-def ckpt_ls(path: Path = CKPT) -> None:
+def ckpt_ls(path: str = CKPT) -> None:
     """List checkpoints with step, size and status (valid, or why not)."""
     table, _ = _checkpoint_table(path)
     if table.row_count:
@@ -147,13 +152,45 @@ def ckpt_ls(path: Path = CKPT) -> None:
 
 
 @ckpt_app.command("verify")
-def ckpt_verify(path: Path = CKPT) -> None:
+def ckpt_verify(path: str = CKPT) -> None:
     """Verify every checkpoint against its manifest (commit marker, sizes, sha256); exit 1 if any is invalid."""
     table, bad = _checkpoint_table(path)
     stdout.print(table)
     if bad or not table.row_count:
         err.print(f"{bad} invalid checkpoint(s)" if table.row_count else f"no checkpoints in {path}")
         raise typer.Exit(1)
+
+
+@ckpt_app.command("export")
+def ckpt_export(
+    path: str = CKPT,
+    out: Path = typer.Option(..., "--out", "-o", help="directory for model.safetensors and config.json"),
+    step: int | None = typer.Option(None, help="the checkpoint's step (default: the latest valid one)"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+) -> None:
+    """Export a checkpoint's model in Hugging Face Llama layout (safetensors + config.json) for transformers."""
+    from phalanx.checkpoint.export import ExportError, export_hf
+
+    checkpoints = _checkpoints(path)
+    if step is None:
+        valid = [s for s in reversed(checkpoints.steps()) if checkpoints.verify(s) is None]
+        if not valid:
+            err.print(f"[bold red]cannot export[/]: no valid checkpoint in {checkpoints}", highlight=False)
+            raise typer.Exit(1)
+        step = valid[0]
+    elif step not in checkpoints.steps():
+        err.print(
+            f"[bold red]cannot export[/]: no checkpoint of step {step} in {checkpoints}; "
+            f"steps there: {', '.join(map(str, checkpoints.steps())) or 'none'}",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    try:
+        files = export_hf(checkpoints, step, out, dtype)
+    except ExportError as e:
+        err.print(f"[bold red]cannot export[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"exported step {step} of {checkpoints} to {', '.join(map(str, files))}", highlight=False)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 runs/<name>/<run id>/
     spec.yaml          the resolved spec the run was started with
-    events.jsonl       supervisor events (attempts, failures, signals, the outcome)
+    events.jsonl       events: the supervisor's (attempts, failures, signals, the outcome), rank 0's (checkpoints)
     metrics.jsonl      per-step metrics written by rank 0
     result.json        outcome, exit code and reason, written when the run ends
     logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended

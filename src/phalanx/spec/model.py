@@ -39,6 +39,7 @@ class ModelSpec(Strict):
     n_heads: PositiveInt | None = None
     n_kv_heads: PositiveInt | None = None
     vocab_size: PositiveInt | None = None
+    tie_embeddings: bool | None = Field(default=None, description="share the input embedding and output weights")
 
 
 class Parallel(Strict):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.obs import JsonlLog, RunDir
+from phalanx.obs import EventLog, JsonlLog, RunDir
 from phalanx.spec import JobSpec, load_spec
 
 HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
@@ -37,6 +37,7 @@ class WorkerContext:
     spec: JobSpec | None = None
     _store: dist.Store | None = field(default=None, repr=False)
     _metrics: JsonlLog | None = field(default=None, repr=False)
+    _events: EventLog | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -52,6 +53,11 @@ class WorkerContext:
         self.heartbeat(step)
         if self._metrics is not None:
             self._metrics.write(step=step, **metrics)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """On rank 0, record an event in the run's events.jsonl beside the supervisor's (one line per append)."""
+        if self._events is not None:
+            self._events.emit(kind, attempt=self.attempt, **fields)
 
     def close(self) -> None:
         """Leave the job cleanly, all ranks together (a gloo group torn down while a peer still talks can abort).
@@ -89,4 +95,5 @@ def init(device: str | None = None) -> WorkerContext:
         spec=load_spec(env["PHALANX_SPEC"]) if "PHALANX_SPEC" in env else None,
         _store=store,
         _metrics=JsonlLog(run_dir.metrics) if run_dir is not None and rank == 0 else None,
+        _events=EventLog(run_dir.events) if run_dir is not None and rank == 0 else None,
     )

@@ -4,11 +4,13 @@ cosine / linear / constant LR, grad-norm clipping, deterministic seeding, the lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
+import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -44,16 +46,17 @@ class StepStats:
     grad_norm: float
     lr: float
     step_time_s: float
+    stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
 
 
-def _checkpoint_dir(ctx: WorkerContext) -> Path:
-    """``checkpoint.dir`` from the spec, else the run directory's checkpoints/."""
+def _checkpoint_dir(ctx: WorkerContext) -> str:
+    """``checkpoint.dir`` from the spec (a path or a URL such as s3://bucket/run), else the run's checkpoints/."""
     assert ctx.spec is not None
     if ctx.spec.checkpoint.dir:
-        return Path(ctx.spec.checkpoint.dir)
+        return ctx.spec.checkpoint.dir
     if ctx.run_dir is None:
         raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
-    return ctx.run_dir.checkpoints
+    return str(ctx.run_dir.checkpoints)
 
 
 class Trainer:
@@ -81,12 +84,16 @@ class Trainer:
         self.flops_per_token = self.cfg.flops_per_token(t.seq_len)
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
+        self._preempted_at: float | None = None
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
             ctx.spec.checkpoint,
             layout=self.parallel.model_dump(),
             spec_hash=hashlib.sha256(dump_spec(ctx.spec).encode()).hexdigest()[:16],
-            note=self._say,
+            model={"preset": t.model.preset, **dataclasses.asdict(self.cfg)},
+            device=ctx.device,
+            log=self._say,
+            event=ctx.event,
         )
         self.state = {
             "train": ModelAndOptimizer(self.model, self.optimizer),
@@ -151,18 +158,22 @@ class Trainer:
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
+        self.checkpoints.staged()  # an async save may still be copying the weights the step is about to change
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         # Every rank of a tensor-parallel group holds the same loss, so the mean over all ranks is the dp mean.
-        loss_mean = loss_sum / self.accum_steps
-        dist.all_reduce(loss_mean)
+        # The same all-reduce carries the stop flag, so every rank learns of a preemption at the same step.
+        totals = torch.stack([loss_sum / self.accum_steps, torch.tensor(float(self._preempted_at is not None))])
+        dist.all_reduce(totals)
+        loss_mean, stopping = totals.tolist()
         stats = StepStats(
             self.progress.step,
-            loss_mean.item() / self.ctx.world_size,
+            loss_mean / self.ctx.world_size,
             grad_norm.item(),
             lr,
             time.perf_counter() - started,
+            stop=stopping > 0,
         )
         self.progress.step += 1
         return stats
@@ -198,11 +209,34 @@ class Trainer:
             print(message, flush=True)
 
     def fit(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             while self.progress.step < self.train.steps:
-                self.report(self.train_step())
+                stats = self.train_step()
+                self.report(stats)
+                if stats.stop:
+                    self._save_and_stop()
                 if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
                     self.checkpoints.save(self.progress.step, self.state)
         finally:
             self.batches.close()
         self.checkpoints.close()
+
+    def _on_sigterm(self, signum: int, _frame: object) -> None:
+        """Preemption: note it; the loop checkpoints at the end of the step every rank agrees on, then exits."""
+        self._preempted_at = time.monotonic()
+
+    def _save_and_stop(self) -> NoReturn:
+        """The emergency save: synchronous, committed before the supervisor's grace period (resilience.stop_grace_s)
+        runs out and it sends SIGKILL; then exit as a process stopped by SIGTERM does."""
+        assert self.ctx.spec is not None
+        step = self.progress.step
+        self.checkpoints.save(step, self.state, sync=True)
+        self.checkpoints.close()
+        since = time.monotonic() - self._preempted_at if self._preempted_at is not None else 0.0
+        self._say(
+            f"stopped by SIGTERM: emergency checkpoint of step {step} committed {since:.1f} s after the signal "
+            f"(grace {self.ctx.spec.resilience.stop_grace_s:g} s)"
+        )
+        self.ctx.event("preempted", step=step, saved_after_s=since)
+        raise SystemExit(128 + signal.SIGTERM)

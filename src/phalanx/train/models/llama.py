@@ -106,7 +106,7 @@ PRESETS: dict[str, LlamaConfig] = {
 }
 
 
-def config_from(preset: str, **overrides: int | None) -> LlamaConfig:
+def config_from(preset: str, **overrides: int | bool | None) -> LlamaConfig:
     """A preset with the given fields replaced; ``ffn_dim`` follows a changed ``dim``."""
     if preset not in PRESETS:
         raise ValueError(f"train.model.preset = {preset!r} is not a preset; valid: {', '.join(PRESETS)}")
