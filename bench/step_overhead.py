@@ -13,38 +13,22 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+
+import _torchrun
 
 
 def launch(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as run_dir:
-        dp = args.procs
-        spec = Path(run_dir) / "spec.yaml"
-        spec.write_text(
-            f"name: bench\nresources: {{procs_per_node: {args.procs}, device: {args.device}}}\n"
-            f"train: {{model: {{preset: {args.preset}}}, parallel: {{dp_shard: {dp}}}, steps: 100000,"
-            f" global_batch: {args.global_batch}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},"
-            f" optimizer: {{warmup_steps: 10}}}}\ncheckpoint: {{every_steps: 1000000}}\n"
-        )
-        env = {**os.environ, "PHALANX_RUN_DIR": run_dir, "PHALANX_SPEC": str(spec)}
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={args.procs}",
-            __file__,
-            "--worker",
-            f"--rounds={args.rounds}",
-            f"--steps-per-round={args.steps_per_round}",
-        ]
-        sys.exit(subprocess.call(cmd, env=env))
+    spec = (
+        f"name: bench\nresources: {{procs_per_node: {args.procs}, device: {args.device}}}\n"
+        f"train: {{model: {{preset: {args.preset}}}, parallel: {{dp_shard: {args.procs}}}, steps: 100000,"
+        f" global_batch: {args.global_batch}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},"
+        f" optimizer: {{warmup_steps: 10}}}}\ncheckpoint: {{every_steps: 1000000}}\n"
+    )
+    _torchrun.launch(
+        __file__, spec, args.procs, [f"--rounds={args.rounds}", f"--steps-per-round={args.steps_per_round}"]
+    )
 
 
 def plain_loop(ctx, spec):

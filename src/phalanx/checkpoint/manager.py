@@ -62,7 +62,12 @@ class CheckpointManager:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint")
         self._staged: Future[None] | None = None
         self._pending: tuple[int, Future[None]] | None = None
-        self._blocked_s = 0.0  # training time the save in flight has cost so far
+        self._blocked_s = 0.0
+
+    @property
+    def blocked_s(self) -> float:
+        """Training time the latest save has cost so far: in ``save()``, then in ``staged()``."""
+        return self._blocked_s
 
     def due(self, step: int) -> bool:
         return step % self.policy.every_steps == 0

@@ -121,7 +121,7 @@ class Resilience(Strict):
     hang_timeout_s: PositiveFloat | Literal["auto"] = "auto"
     on_nan: Literal["stop", "skip", "rollback"] = "rollback"
     stop_grace_s: PositiveFloat = Field(
-        default=30.0, description="after a stop signal, how long workers get before SIGKILL"
+        default=30.0, description="after SIGTERM, how long workers get (for an emergency checkpoint) before SIGKILL"
     )
 
 

@@ -1,0 +1,163 @@
+"""How long a checkpoint stops training: DCP's sync ``save``, DCP's ``async_save``, and phalanx's async save.
+
+    .venv/bin/python bench/checkpoint.py [--procs 2] [--dim 512] [--layers 8] [--rounds 5]
+
+Launches itself under torchrun; every worker builds the phalanx Trainer (FSDP2 over all ranks) and, round by
+round, saves the same training state by each method in turn, with training steps between saves:
+
+- sync DCP: ``dcp.save`` of the state; training waits for all of it.
+- DCP async_save: ``dcp.async_save`` over a gloo group of its own; training waits while it returns (it
+  stages the state into fresh CPU memory before returning).
+- phalanx: ``CheckpointManager.save`` (async); training waits while it returns and, in the next step,
+  while ``staged()`` waits for the copy into the reused buffers to finish before the optimizer step; the
+  write, hashing and commit run behind.
+
+Blocking time is what the training thread spends in those calls, rank 0's, median over the rounds after the
+first (the first pays one-time costs: buffer allocation, plan caches; it is printed too). Each async save is
+waited for before the next method's save, outside the timed region. Also printed: the median training step
+while a background write runs (on a machine with few cores, the write competes with training for them).
+Goal: phalanx blocking <= 5% of sync DCP and <= 0.5x DCP async_save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+
+import _torchrun
+
+
+def launch(args: argparse.Namespace) -> None:
+    spec = (
+        f"name: bench\nresources: {{procs_per_node: {args.procs}, device: {args.device}}}\n"
+        f"train: {{model: {{preset: llama-debug, dim: {args.dim}, n_layers: {args.layers}}},"
+        f" parallel: {{dp_shard: {args.procs}}}, steps: 100000, global_batch: {2 * args.procs},"
+        f" micro_batch: 2, seq_len: 64, optimizer: {{warmup_steps: 10}}}}\n"
+        "checkpoint: {every_steps: 1000000}\n"
+    )
+    _torchrun.launch(__file__, spec, args.procs, [f"--rounds={args.rounds}", f"--steps-between={args.steps_between}"])
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import phalanx
+    from phalanx.checkpoint import CheckpointManager
+    from phalanx.spec.model import Checkpoint
+    from phalanx.train.trainer import Trainer
+
+    ctx = phalanx.init()
+    trainer = Trainer(ctx)
+    root = tempfile.mkdtemp(prefix="phalanx-bench-ckpt-") if ctx.is_main else None
+    shared = [root]
+    dist.broadcast_object_list(shared, src=0)
+    root = shared[0]
+    committed: list[dict] = []
+    manager = CheckpointManager(
+        f"{root}/phalanx",
+        Checkpoint(every_steps=1, keep_last=1),
+        layout=trainer.parallel.model_dump(),
+        spec_hash="bench",
+        device=ctx.device,
+        log=lambda _: None,
+        event=lambda kind, **fields: committed.append(fields),
+    )
+    trainer.checkpoints.close()
+    trainer.checkpoints = manager  # train_step calls its staged() before the optimizer step
+    dcp_group = dist.new_group(backend="gloo")
+    blocked: dict[str, list[float]] = {"sync DCP": [], "DCP async_save": [], "phalanx": []}
+    overlapped: dict[str, list[float]] = {"DCP async_save": [], "phalanx": [], "no save": []}
+    pending = None
+
+    def steps(n: int, during: str | None) -> float:
+        """Train n steps; the time this rank spent in them waiting for a save's staging."""
+        waited = 0.0
+        for i in range(n):
+            before = manager.blocked_s
+            started = time.perf_counter()
+            trainer.train_step()
+            if during is not None and i == 0:
+                overlapped[during].append(time.perf_counter() - started)
+            waited += manager.blocked_s - before
+        return waited
+
+    save_id = 0
+    for r in range(args.rounds + 1):
+        for method in blocked:
+            save_id += 1
+            where = f"{root}/{method.split()[0]}/save-{save_id}"
+            dist.barrier()
+            started = time.perf_counter()
+            if method == "sync DCP":
+                dcp.save(trainer.state, checkpoint_id=where)
+            elif method == "DCP async_save":
+                pending = dcp.async_save(trainer.state, checkpoint_id=where, process_group=dcp_group)
+            else:
+                manager.save(save_id, trainer.state)
+            took = time.perf_counter() - started
+            took += steps(args.steps_between, None if method == "sync DCP" else method)
+            if pending is not None:
+                pending.result()
+                pending = None
+            manager.wait()
+            dist.barrier()
+            if ctx.is_main and method != "phalanx":
+                shutil.rmtree(where)
+            if r > 0 or args.rounds == 0:
+                blocked[method].append(took)
+            elif ctx.is_main:
+                print(f"  first save (one-time costs included), {method}: {took * 1e3:.1f} ms", flush=True)
+        dist.barrier()
+        started = time.perf_counter()
+        trainer.train_step()
+        overlapped["no save"].append(time.perf_counter() - started)
+    if ctx.is_main:
+        size = committed[-1]["bytes"]
+        print(
+            f"\ncheckpoint: llama-debug dim {trainer.cfg.dim} x {trainer.cfg.n_layers} layers ({trainer.cfg.num_params():,} params, "
+            f"{size / 2**20:.0f} MiB per checkpoint with AdamW state), FSDP2 over {ctx.world_size} rank(s) on "
+            f"{ctx.device.type}, {len(blocked['phalanx'])} timed saves per method, interleaved"
+        )
+        med = {m: statistics.median(v) for m, v in blocked.items()}
+        for m, v in med.items():
+            print(f"  {m:<16} training blocked {v * 1e3:9.1f} ms per save (median)")
+        print(
+            "  phalanx write + hash + commit behind training: "
+            f"{statistics.median(c['write_s'] for c in committed):.2f} s (median)"
+        )
+        for m, v in overlapped.items():
+            print(
+                f"  training step {'while ' + m + ' writes' if m != 'no save' else 'with no save running'}: "
+                f"{statistics.median(v) * 1e3:.0f} ms (median)"
+            )
+        print(f"  ratio phalanx / sync DCP       = {med['phalanx'] / med['sync DCP']:.3f}   (goal <= 0.05)")
+        print(f"  ratio phalanx / DCP async_save = {med['phalanx'] / med['DCP async_save']:.3f}   (goal <= 0.5)")
+    manager.close()
+    dist.destroy_process_group(dcp_group)
+    if ctx.is_main:
+        shutil.rmtree(root)
+    ctx.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-between", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()
