@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/phalanx run examples/demo.yaml
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples bench
 	$(PY) -m pytest -q
 
 # The peers of bench/data_loader.py in their own environment: mosaicml-streaming imports torchvision, and the

@@ -118,7 +118,8 @@ def worker(args: argparse.Namespace) -> None:
     if ctx.is_main:
         size = committed[-1]["bytes"]
         print(
-            f"\ncheckpoint: llama-debug dim {trainer.cfg.dim} x {trainer.cfg.n_layers} layers ({trainer.cfg.num_params():,} params, "
+            f"\ncheckpoint: llama-debug dim {trainer.cfg.dim} x {trainer.cfg.n_layers} layers "
+            f"({trainer.cfg.num_params():,} params, "
             f"{size / 2**20:.0f} MiB per checkpoint with AdamW state), FSDP2 over {ctx.world_size} rank(s) on "
             f"{ctx.device.type}, {len(blocked['phalanx'])} timed saves per method, interleaved"
         )

@@ -79,10 +79,13 @@ class CheckpointManager:
         busy = self._pending is not None and not self._pending[1].done()
         self.wait()  # at most one in flight
         if busy:
+            waited = time.perf_counter() - started
             self.log(
-                f"checkpoint of step {step} waited {time.perf_counter() - started:.2f} s for the previous save "
-                f"to commit (saving takes longer than checkpoint.every_steps = {self.policy.every_steps} steps)"
+                f"checkpoint of step {step} waited {waited:.2f} s for the previous save to commit "
+                f"(saving takes longer than checkpoint.every_steps = {self.policy.every_steps} steps)"
             )
+            if self.rank == 0:
+                self.event("checkpoint_waited", step=step, waited_s=waited)
         flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
         if sync if sync is not None else not self.policy.async_save:
             self._write(step, flat, started)  # DCP writes straight from the live state: no copy needed
