@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,3 +20,21 @@ def launch(script: str, spec_yaml: str, procs: int, worker_args: list[str]) -> N
         env = {**os.environ, "PHALANX_RUN_DIR": run_dir, "PHALANX_SPEC": str(spec)}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"]
         sys.exit(subprocess.call([*cmd, script, "--worker", *worker_args], env=env))
+
+
+def main(
+    doc: str,
+    options: dict[str, tuple[type, object]],
+    launcher: Callable[[argparse.Namespace], None],
+    worker: Callable[[argparse.Namespace], None],
+) -> None:
+    """Parse ``--procs``, ``--device`` and the script's ``options`` ({"--name": (type, default)}); run the
+    launcher, or, under torchrun (``--worker``), the worker."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    for name, (kind, default) in options.items():
+        parser.add_argument(name, type=kind, default=default)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    (worker if args.worker else launcher)(args)

@@ -144,21 +144,6 @@ def worker(args: argparse.Namespace) -> None:
     ctx.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-between", type=int, default=3)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        launch(args)
-
-
 if __name__ == "__main__":
-    main()
+    options = {"--dim": (int, 512), "--layers": (int, 8), "--rounds": (int, 5), "--steps-between": (int, 3)}
+    _torchrun.main(__doc__, options, launch, worker)

@@ -113,23 +113,17 @@ def worker(args: argparse.Namespace) -> None:
     ctx.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--preset", default="llama-debug")
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps-per-round", type=int, default=5)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-    else:
-        launch(args)
-
-
 if __name__ == "__main__":
-    main()
+    _torchrun.main(
+        __doc__,
+        {
+            "--preset": (str, "llama-debug"),
+            "--global-batch": (int, 8),
+            "--micro-batch": (int, 2),
+            "--seq-len": (int, 128),
+            "--rounds": (int, 6),
+            "--steps-per-round": (int, 5),
+        },
+        launch,
+        worker,
+    )
