@@ -91,6 +91,12 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert manifest["world_size"] == 2 and len(manifest["spec_hash"]) == 16
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     assert CheckpointDir(ckpt).verify(10) is None
+    shard = ckpt / "step-00000008" / "__0_0.distcp"
+    size = shard.stat().st_size
+    os.truncate(shard, size - 100)
+    assert CheckpointDir(ckpt).verify(8) == f"__0_0.distcp is {size - 100} bytes, the manifest says {size}"
+    (ckpt / "step-00000004" / "manifest.json").write_text("{}")
+    assert CheckpointDir(ckpt).verify(4) == "manifest.json does not match the sha256 in COMMITTED (corrupt)"
 
 
 def test_sync_and_async_saves_hold_the_same_weights(job: Job, tmp_path: Path) -> None:

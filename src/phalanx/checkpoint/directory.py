@@ -84,11 +84,11 @@ class CheckpointDir:
             return "no commit marker (the save did not finish)"
         try:
             data = self.fs.cat_file(f"{path}/{MANIFEST}")
-            files = json.loads(data)["files"]
-        except (OSError, ValueError, KeyError) as e:
+        except OSError as e:
             return f"unreadable {MANIFEST} ({e})"
         if hashlib.sha256(data).hexdigest() != marker.strip():
             return f"{MANIFEST} does not match the sha256 in {COMMITTED} (corrupt)"
+        files = json.loads(data)["files"]
         for name, meta in files.items():
             f = f"{path}/{name}"
             if not self.fs.isfile(f):
