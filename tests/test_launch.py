@@ -60,7 +60,8 @@ def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
     ],
 )
 def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Path, mode: str, cause: str) -> None:
-    result = job.run(job.command_spec("fail_rank.py", mode, str(tmp_path), extra="resilience: {stop_grace_s: 5}\n"))
+    extra = "resilience: {stop_grace_s: 5, max_restarts: 0}\n"
+    result = job.run(job.command_spec("fail_rank.py", mode, str(tmp_path), extra=extra))
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"failed: rank 1 {cause}" in result.stdout
     assert "rank 1 is about to fail" in result.stdout.split("failed: rank 1")[1]  # the log tail is shown
@@ -137,3 +138,51 @@ def test_multi_node_spec_is_refused_with_a_clear_error(job: Job) -> None:
     result = job.run(job.spec("name: t\nresources: {nodes: 2, procs_per_node: 1, device: cpu}\ncommand: ['true']\n"))
     assert result.returncode == 2
     assert "resources.nodes = 2" in result.stderr and "use nodes: 1" in result.stderr
+
+
+def _events(job: Job, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == kind]
+
+
+def test_user_error_is_not_retried(job: Job) -> None:
+    result = job.run(job.command_spec("flaky.py", "user", extra="resilience: {max_restarts: 3, stop_grace_s: 5}\n"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "not restarting: ValueError: train.lr must be positive (an error in the code or spec" in result.stdout
+    assert len(_events(job, "attempt_started")) == 1 and _events(job, "worker_failed")[0]["failure"] == "user"
+    outcome = json.loads((job.run_dir() / "result.json").read_text())
+    assert outcome["restarts"] == 0 and outcome["reason"].endswith("(a user error: not retried)")
+
+
+def test_crash_is_restarted_until_it_succeeds(job: Job) -> None:
+    spec = job.command_spec("flaky.py", "crash-once", extra="resilience: {restart_backoff_s: 0.2}\n")
+    result = job.run(spec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "failed: rank 1 exited with code 3 after step 1" in result.stdout
+    assert "restart 1/3 in 0.2 s" in result.stdout and "[rank0]: attempt 1 done" in result.stdout
+    (restart,) = _events(job, "restart_scheduled")
+    assert restart["failure"] == "infrastructure" and restart["backoff_s"] == 0.2
+    assert [e["attempt"] for e in _events(job, "attempt_started")] == [0, 1]
+    assert json.loads((job.run_dir() / "result.json").read_text())["restarts"] == 1
+
+
+def test_restart_budget_is_kept(job: Job) -> None:
+    spec = job.command_spec("flaky.py", "crash-always", extra="resilience: {max_restarts: 2, restart_backoff_s: 0.1}\n")
+    result = job.run(spec)
+    assert result.returncode == 1
+    assert [e["backoff_s"] for e in _events(job, "restart_scheduled")] == [0.1, 0.2]  # doubled each time
+    assert "not restarting: all 2 restart(s) of resilience.max_restarts used" in result.stdout
+    outcome = json.loads((job.run_dir() / "result.json").read_text())
+    assert outcome["restarts"] == 2 and outcome["reason"].endswith("(after 2 restart(s))")
+
+
+def test_hang_is_detected_stacks_are_dumped_and_the_job_restarts(job: Job) -> None:
+    spec = job.command_spec("flaky.py", "hang-once", extra="resilience: {hang_timeout_s: 2, restart_backoff_s: 0}\n")
+    result = job.run(spec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 1 hung: no progress past step 1 for" in result.stdout and "(hang timeout 2.0 s)" in result.stdout
+    (found,) = _events(job, "hang_detected")
+    assert found["rank"] == 1 and found["step"] == 1 and found["silent_s"] > 2
+    stacks = (job.run_dir() / "logs" / "rank-1.stacks.txt").read_text()
+    assert "in stuck" in stacks and "flaky.py" in stacks  # the hung rank's own Python stack
+    assert "barrier" in (job.run_dir() / "logs" / "rank-0.stacks.txt").read_text()  # rank 0 waits for it
+    assert "[rank0]: attempt 1 done" in result.stdout

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -33,10 +33,13 @@ from torch.distributed import TCPStore
 from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.rundir import RunDir
+from phalanx.resilience import Failure, HangDetector, Stall, backoff_s, classify_exit, hang
 from phalanx.spec import JobSpec, dump_spec
 from phalanx.train.sdk import HEARTBEAT_KEY
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
+HANG_CHECK_S = 0.5  # how often the heartbeats are read
+STACK_DUMP_S = 2.0  # how long hung workers get to write their stacks before they are killed
 
 
 class Outcome(enum.StrEnum):
@@ -52,6 +55,7 @@ class RunResult:
     reason: str
     run_dir: str
     failed_rank: int | None = None
+    restarts: int = 0
 
 
 class LaunchError(RuntimeError):
@@ -96,6 +100,7 @@ class Supervisor:
         self.console_lock = threading.Lock()
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
+        self.hangs = HangDetector(spec.resilience.hang_timeout_s)
 
     def say(self, message: str) -> None:
         with self.console_lock:
@@ -112,18 +117,50 @@ class Supervisor:
             argv=worker_argv(self.spec),
         )
         with self._forwarded_signals():
-            result = self._attempt(0)
+            result = self._attempts()
         self.events.emit("run_finished", **asdict(result))
         self.run_dir.result.write_text(json.dumps(asdict(result), indent=2) + "\n")
         return result
 
-    def _attempt(self, attempt: int) -> RunResult:
+    def _attempts(self) -> RunResult:
+        """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
+        (a user error, or the restart budget is spent). Each restart resumes from the last valid checkpoint."""
+        policy = self.spec.resilience
+        restarts = 0
+        while True:
+            result, failure = self._attempt(restarts)
+            result = replace(result, restarts=restarts)
+            if failure is None:
+                return result
+            if not failure.retryable:
+                self.say(f"not restarting: {failure.why}")
+                return replace(result, reason=f"{result.reason} (a user error: not retried)")
+            if restarts >= policy.max_restarts:
+                self.say(f"not restarting: all {policy.max_restarts} restart(s) of resilience.max_restarts used")
+                return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
+            restarts += 1
+            wait = backoff_s(restarts, policy.restart_backoff_s)
+            self.say(f"restart {restarts}/{policy.max_restarts} in {wait:g} s, from the last valid checkpoint")
+            self.events.emit(
+                "restart_scheduled", restart=restarts, backoff_s=wait, failure=failure.kind, cause=failure.why
+            )
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and not self._signals:
+                time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            if self._signals:
+                name = signal.Signals(self._signals[0]).name
+                self.say(f"stopped by {name} before restarting")
+                stopped = RunResult(Outcome.STOPPED, 128 + self._signals[0], f"stopped by {name}", result.run_dir)
+                return replace(stopped, restarts=restarts)
+
+    def _attempt(self, attempt: int) -> tuple[RunResult, Failure | None]:
         store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
         )
         group = WorkerGroup(self._workers(attempt, store.port), self.console, self.console_lock)
         self.say(
-            f"run {self.run_dir.run_id}: {len(group.workers)} worker(s) on {self.device}, logs in {self.run_dir.logs}"
+            (f"run {self.run_dir.run_id}" if attempt == 0 else f"attempt {attempt}")
+            + f": {len(group.workers)} worker(s) on {self.device}, logs in {self.run_dir.logs}"
         )
         group.start(header=f"attempt {attempt}")
         self.events.emit(
@@ -132,17 +169,54 @@ class Supervisor:
             rendezvous_port=store.port,
             pids={w.rank: w.proc.pid for w in group.workers if w.proc},
         )
+        self.hangs.reset()
+        next_hang_check = time.monotonic()
         while True:
             if self._signals:
-                return self._stop_on_signal(group)
+                return self._stop_on_signal(group), None
             failed = [w for w in group.exited() if w.returncode != 0]
             if failed:
                 return self._stop_on_failure(group, failed[0], store)
             if not group.running():
                 group.join()
                 self.say(f"succeeded: all {len(group.workers)} worker(s) exited with code 0")
-                return RunResult(Outcome.SUCCEEDED, 0, "all workers exited with code 0", str(self.run_dir.root))
+                return RunResult(Outcome.SUCCEEDED, 0, "all workers exited with code 0", str(self.run_dir.root)), None
+            if time.monotonic() >= next_hang_check:
+                next_hang_check = time.monotonic() + HANG_CHECK_S
+                if (stall := self._stalled(store, group)) is not None:
+                    return self._stop_on_hang(group, stall)
             time.sleep(POLL_S)
+
+    def _stalled(self, store: TCPStore, group: WorkerGroup) -> Stall | None:
+        now = time.monotonic()
+        for w in group.workers:
+            if (step := last_step(store, w.rank)) is not None:
+                self.hangs.observe(w.rank, step, now)
+        return self.hangs.stalled(now)
+
+    def _stop_on_hang(self, group: WorkerGroup, stall: Stall) -> tuple[RunResult, Failure]:
+        """Dump every rank's Python stacks into the run directory, then kill them all: a collective stalled on
+        a peer cannot be aborted in place."""
+        failure = hang(stall)
+        self.say(
+            f"rank {stall.rank} {failure.why}; dumping every rank's Python stacks to "
+            f"{self.run_dir.logs}/rank-<r>.stacks.txt, then killing the workers"
+        )
+        group.send_each(signal.SIGUSR1)
+        time.sleep(STACK_DUMP_S)
+        group.stop(signal.SIGKILL, 0)
+        stacks = [str(self.run_dir.stacks(w.rank)) for w in group.workers if self.run_dir.stacks(w.rank).is_file()]
+        self.events.emit(
+            "hang_detected",
+            rank=stall.rank,
+            step=stall.step,
+            silent_s=stall.silent_s,
+            timeout_s=stall.timeout_s,
+            stacks=stacks,
+        )
+        reason = f"rank {stall.rank} {failure.why}"
+        self.say(f"failed: {reason}")
+        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=stall.rank), failure
 
     def _workers(self, attempt: int, port: int) -> list[Worker]:
         res = self.spec.resources
@@ -182,15 +256,17 @@ class Supervisor:
                 "LOCAL_RANK": str(local_rank),
                 "ROLE_RANK": str(rank),
                 "TORCHELASTIC_ERROR_FILE": str(error_file),
+                "PHALANX_STACKS_FILE": str(self.run_dir.stacks(rank)),
             }
             workers.append(Worker(rank, worker_argv(self.spec), env, self.run_dir.log(rank)))
         return workers
 
-    def _stop_on_failure(self, group: WorkerGroup, first: Worker, store: TCPStore) -> RunResult:
+    def _stop_on_failure(self, group: WorkerGroup, first: Worker, store: TCPStore) -> tuple[RunResult, Failure]:
         assert first.proc is not None and first.returncode is not None
         step = last_step(store, first.rank)
         cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
         detail = recorded_error(self.run_dir.error_file(first.rank))
+        failure = classify_exit(first.returncode, detail)
         self.say(f"rank {first.rank} (pid {first.proc.pid}) {cause}; stopping the other workers")
         group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
         others = [
@@ -204,6 +280,7 @@ class Supervisor:
             pid=first.proc.pid,
             returncode=first.returncode,
             error=detail or None,
+            failure=failure.kind,
             then=others,
         )
         tail = _tail(self.run_dir.log(first.rank), 15)
@@ -213,7 +290,7 @@ class Supervisor:
             + (f"\n  last lines of {self.run_dir.log(first.rank)}:\n" + tail if tail else "")
         )
         reason = f"rank {first.rank} {cause}" + (f": {detail}" if detail else "")
-        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank)
+        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank), failure
 
     def _stop_on_signal(self, group: WorkerGroup) -> RunResult:
         sig = self._signals[0]

@@ -100,6 +100,13 @@ class WorkerGroup:
             with contextlib.suppress(ProcessLookupError):  # it exited between the check and the signal
                 os.killpg(w.proc.pid, sig)
 
+    def send_each(self, sig: int) -> None:
+        """Send ``sig`` to each running worker process alone, not to the processes it started."""
+        for w in self.running():
+            assert w.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.proc.pid, sig)
+
     def stop(self, sig: int, grace_s: float, abort: Callable[[], bool] = lambda: False) -> None:
         """Send ``sig`` to every running worker, give them ``grace_s`` (or until ``abort()``), then SIGKILL the rest."""
         self.send(sig)

@@ -7,6 +7,7 @@ runs/<name>/<run id>/
     result.json        outcome, exit code and reason, written when the run ends
     logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended
     logs/rank-<r>.error.json  the root cause a rank recorded with torch's @record, if any
+    logs/rank-<r>.stacks.txt  every thread's Python stack, dumped when the rank was found hung
     checkpoints/       checkpoints, unless checkpoint.dir points elsewhere
 """
 
@@ -62,3 +63,6 @@ class RunDir:
 
     def error_file(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.error.json"
+
+    def stacks(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.stacks.txt"

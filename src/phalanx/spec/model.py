@@ -117,8 +117,15 @@ class Checkpoint(Strict):
 
 
 class Resilience(Strict):
-    max_restarts: Annotated[int, Field(ge=0)] = 3
-    hang_timeout_s: PositiveFloat | Literal["auto"] = "auto"
+    max_restarts: Annotated[int, Field(ge=0)] = Field(
+        default=3, description="restarts after infrastructure failures (crashes, hangs); user errors are not retried"
+    )
+    restart_backoff_s: Annotated[float, Field(ge=0)] = Field(
+        default=1.0, description="wait before the first restart; doubled for each next one, at most 60 s"
+    )
+    hang_timeout_s: PositiveFloat | Literal["auto"] = Field(
+        default="auto", description="no step progress for this long is a hang; auto: max(3x p99 step time, 120 s)"
+    )
     on_nan: Literal["stop", "skip", "rollback"] = "rollback"
     stop_grace_s: PositiveFloat = Field(
         default=30.0, description="after SIGTERM, how long workers get (for an emergency checkpoint) before SIGKILL"

@@ -10,8 +10,10 @@ script also runs with plain ``python``.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +69,17 @@ class WorkerContext:
             dist.destroy_process_group()
 
 
+_stacks_file = None  # kept open for faulthandler, which writes to it from its signal handler
+
+
+def _dump_stacks_on_sigusr1(path: Path) -> None:
+    """SIGUSR1 appends every thread's Python stack to ``path``: the supervisor's look inside a hung rank.
+    faulthandler does it from C, so it works while Python is blocked in a collective."""
+    global _stacks_file
+    _stacks_file = path.open("a")
+    faulthandler.register(signal.SIGUSR1, file=_stacks_file, all_threads=True)
+
+
 def init(device: str | None = None) -> WorkerContext:
     """Join the job: pick the device, initialise the default process group (NCCL on CUDA, gloo on CPU)."""
     env = os.environ
@@ -83,6 +96,8 @@ def init(device: str | None = None) -> WorkerContext:
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         store = None
+    if "PHALANX_STACKS_FILE" in env:
+        _dump_stacks_on_sigusr1(Path(env["PHALANX_STACKS_FILE"]))
     run_dir = RunDir(Path(env["PHALANX_RUN_DIR"])) if "PHALANX_RUN_DIR" in env else None
     rank = dist.get_rank()
     return WorkerContext(

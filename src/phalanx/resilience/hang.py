@@ -1,0 +1,62 @@
+"""Hang detection from step heartbeats: a rank that reported a step and then makes no progress for longer than
+the hang timeout is hung. (A collective stalled on a lost peer never returns, and gloo cannot abort it: the
+only remedy is to kill the processes and restart, which the supervisor does.)
+
+The timeout is the spec's ``resilience.hang_timeout_s``, or with ``auto`` derived from the step times seen so
+far in the run: max(3x their p99, a floor), the floor covering the occasional long step (a sync checkpoint, an
+evaluation). Ranks are watched only once they report, so start-up (compilation, data preparation) and scripts
+that do not use the worker SDK's heartbeat are never taken for hangs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+AUTO_FLOOR_S = 120.0
+AUTO_FACTOR = 3.0
+WINDOW = 1000  # step times kept for the p99: the recent ones
+
+
+@dataclass(frozen=True)
+class Stall:
+    rank: int
+    step: int
+    silent_s: float
+    timeout_s: float
+
+
+class HangDetector:
+    def __init__(self, timeout_s: float | str):
+        self.fixed = timeout_s if isinstance(timeout_s, int | float) else None
+        self._intervals: deque[float] = deque(maxlen=WINDOW)  # seconds per step, per rank, across attempts
+        self._last: dict[int, tuple[int, float]] = {}  # rank -> (step, when it was first seen)
+
+    def reset(self) -> None:
+        """A new attempt: forget the ranks' positions (step times stay: the job is the same)."""
+        self._last.clear()
+
+    def timeout_s(self) -> float:
+        if self.fixed is not None:
+            return float(self.fixed)
+        if not self._intervals:
+            return AUTO_FLOOR_S
+        ordered = sorted(self._intervals)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return max(AUTO_FACTOR * p99, AUTO_FLOOR_S)
+
+    def observe(self, rank: int, step: int, now: float) -> None:
+        last = self._last.get(rank)
+        if last is None or step != last[0]:
+            if last is not None and step > last[0]:
+                self._intervals.append((now - last[1]) / (step - last[0]))
+            self._last[rank] = (step, now)
+
+    def stalled(self, now: float) -> Stall | None:
+        """If any rank has been silent past the timeout: the rank behind the others (the lowest step, then
+        the longest silent), which the rest are most likely waiting for."""
+        timeout = self.timeout_s()
+        if not any(now - since > timeout for _, since in self._last.values()):
+            return None
+        rank, (step, since) = min(self._last.items(), key=lambda item: item[1])
+        return Stall(rank, step, now - since, timeout)

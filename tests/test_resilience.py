@@ -1,0 +1,93 @@
+"""The flagship: a deterministic training run interrupted by random kills and a hang recovers by itself and
+ends exactly where a run never interrupted ends."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from conftest import REPO, Job
+from phalanx.obs import read_jsonl
+
+STEPS = 40
+
+
+def _spec(job: Job, ckpt: Path) -> Path:
+    return job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {STEPS}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        " optimizer: {lr: 3.0e-3, warmup_steps: 2}}\n"
+        f"checkpoint: {{dir: '{ckpt}', every_steps: 4, keep_last: 2}}\n"
+        "resilience: {max_restarts: 5, restart_backoff_s: 0, hang_timeout_s: 3, stop_grace_s: 5}\n"
+    )
+
+
+def _weights(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
+    dcp_to_torch_save(ckpt / f"step-{STEPS:08d}", out)
+    return torch.load(out, weights_only=False)["train"]["model"]
+
+
+def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path) -> None:
+    straight = job.run(_spec(job, tmp_path / "straight"), timeout=300)
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    (straight_run,) = (job.runs / "t").iterdir()
+    expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
+
+    sup = subprocess.Popen(
+        job.argv(_spec(job, tmp_path / "chaos")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
+    rng = random.Random(7)
+    faults = [("kill", signal.SIGKILL), ("kill", signal.SIGKILL), ("hang", signal.SIGSTOP)]
+    deadline = time.monotonic() + 240
+    run = None
+    for attempt, (_, sig) in enumerate(faults):
+        # wait for this attempt's workers and a few steps of progress in it, then strike a random rank
+        after = rng.randint(3, 8)
+        while True:
+            assert sup.poll() is None and time.monotonic() < deadline, "the run ended before every fault was injected"
+            run = run or next((d for d in (job.runs / "t").iterdir() if d != straight_run), None)
+            events = list(read_jsonl(run / "events.jsonl")) if run and (run / "events.jsonl").is_file() else []
+            started = [e for e in events if e["kind"] == "attempt_started"]
+            steps = [e for e in events if e["kind"] == "checkpoint_committed" and e["attempt"] == attempt]
+            if len(started) > attempt and run is not None and (run / "metrics.jsonl").is_file():
+                progressed = sum(1 for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > started[attempt]["ts"])
+                if progressed >= after and (attempt > 0 or steps):
+                    break
+            time.sleep(0.02)
+        os.kill(int(started[attempt]["pids"][str(rng.randint(0, 1))]), sig)
+    out, _ = sup.communicate(timeout=240)
+    assert sup.returncode == 0, out[-4000:]
+    assert run is not None
+
+    events = list(read_jsonl(run / "events.jsonl"))
+    assert [e["kind"] for e in events if e["kind"] in ("worker_failed", "hang_detected")] == [
+        "worker_failed",
+        "worker_failed",
+        "hang_detected",
+    ]
+    assert [e["attempt"] for e in events if e["kind"] == "attempt_started"] == [0, 1, 2, 3]
+    # Every step's loss, in every attempt that ran it (steps redone after a failure appear again), is the
+    # uninterrupted run's: the same samples in the same order, none skipped, none repeated within a run.
+    seen = [(m["step"], m["loss"], m["ts"]) for m in read_jsonl(run / "metrics.jsonl")]
+    assert {s for s, _, _ in seen} == set(range(STEPS))
+    assert all(loss == expected[s] for s, loss, _ in seen)
+    # Each attempt ran a contiguous range of steps, from a checkpoint (a multiple of every_steps) no later than
+    # where the attempt before it stopped.
+    starts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+    ends = [*starts[1:], float("inf")]
+    ranges = [[s for s, _, ts in seen if lo < ts < hi] for lo, hi in zip(starts, ends, strict=True)]
+    assert all(r == list(range(r[0], r[-1] + 1)) for r in ranges if r) and ranges[0][0] == 0
+    for before, after in itertools.pairwise(ranges):
+        assert after[0] % 4 == 0 and after[0] <= before[-1] + 1
+    assert ranges[-1][-1] == STEPS - 1
+    a = _weights(tmp_path / "straight", tmp_path / "a.pt")
+    b = _weights(tmp_path / "chaos", tmp_path / "b.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
