@@ -4,10 +4,12 @@ ends exactly where a run never interrupted ends."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,18 +22,18 @@ from phalanx.obs import read_jsonl
 STEPS = 40
 
 
-def _spec(job: Job, ckpt: Path) -> Path:
+def _spec(job: Job, ckpt: Path, steps: int = STEPS, resilience: str = "hang_timeout_s: 3") -> Path:
     return job.spec(
         "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
-        f"train: {{model: {{preset: llama-tiny}}, steps: {STEPS}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {steps}, global_batch: 8, micro_batch: 2, seq_len: 32,"
         " optimizer: {lr: 3.0e-3, warmup_steps: 2}}\n"
         f"checkpoint: {{dir: '{ckpt}', every_steps: 4, keep_last: 2}}\n"
-        "resilience: {max_restarts: 5, restart_backoff_s: 0, hang_timeout_s: 3, stop_grace_s: 5}\n"
+        f"resilience: {{max_restarts: 5, restart_backoff_s: 0, stop_grace_s: 5, {resilience}}}\n"
     )
 
 
-def _weights(ckpt: Path, out: Path) -> dict[str, torch.Tensor]:
-    dcp_to_torch_save(ckpt / f"step-{STEPS:08d}", out)
+def _weights(ckpt: Path, out: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    dcp_to_torch_save(ckpt / f"step-{steps:08d}", out)
     return torch.load(out, weights_only=False)["train"]["model"]
 
 
@@ -91,3 +93,54 @@ def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path)
     a = _weights(tmp_path / "straight", tmp_path / "a.pt")
     b = _weights(tmp_path / "chaos", tmp_path / "b.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _chaos_nan(job: Job, spec: Path, at_step: int) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the job, and with `phalanx chaos` poison the step after ``at_step``; the run's output and directory."""
+    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
+        assert sup.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    (run,) = new
+    chaos = subprocess.run(
+        [sys.executable, "-m", "phalanx", "chaos", str(run), "nan", "--at-step", str(at_step), "--timeout-s", "120"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert chaos.returncode == 0 and "NaN loss at its next step" in chaos.stderr, chaos.stderr
+    out, _ = sup.communicate(timeout=240)
+    return subprocess.CompletedProcess(sup.args, sup.returncode, out, ""), run
+
+
+def test_nan_rollback_replays_from_the_checkpoint_and_ends_bitwise_identical(job: Job, tmp_path: Path) -> None:
+    straight = job.run(_spec(job, tmp_path / "straight", steps=16), timeout=300)
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    result, run = _chaos_nan(job, _spec(job, tmp_path / "nan", steps=16, resilience="on_nan: rollback"), 6)
+    assert result.returncode == 0, result.stdout[-3000:]
+    (rollback,) = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "nan_rollback"]
+    assert rollback["to_step"] % 4 == 0 and rollback["to_step"] < rollback["step"]
+    assert f"rolled back to the checkpoint of step {rollback['to_step']}, replaying from it" in result.stdout
+    a = _weights(tmp_path / "straight", tmp_path / "a.pt", 16)
+    b = _weights(tmp_path / "nan", tmp_path / "b.pt", 16)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the transient fault left no trace
+
+
+def test_nan_skip_skips_the_batch_and_goes_on(job: Job, tmp_path: Path) -> None:
+    result, run = _chaos_nan(job, _spec(job, tmp_path / "ckpt", steps=12, resilience="on_nan: skip"), 4)
+    assert result.returncode == 0, result.stdout[-3000:]
+    (skipped,) = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "nan_skipped"]
+    assert "batch skipped (resilience.on_nan: skip)" in result.stdout
+    losses = {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl")}
+    assert math.isnan(losses[skipped["step"] - 1]) and sorted(losses) == list(range(12))
+    assert all(math.isfinite(v) for k, v in losses.items() if k != skipped["step"] - 1)
+
+
+def test_nan_stop_fails_and_is_not_retried(job: Job, tmp_path: Path) -> None:
+    result, run = _chaos_nan(job, _spec(job, tmp_path / "ckpt", steps=30, resilience="on_nan: stop"), 4)
+    assert result.returncode == 1
+    assert "NonFiniteLoss: non-finite loss nan" in result.stdout and "(resilience.on_nan: stop)" in result.stdout
+    assert "not restarting" in result.stdout
+    assert [e["kind"] for e in read_jsonl(run / "events.jsonl")].count("attempt_started") == 1

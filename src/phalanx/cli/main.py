@@ -193,5 +193,38 @@ def ckpt_export(
     err.print(f"exported step {step} of {checkpoints} to {', '.join(map(str, files))}", highlight=False)
 
 
+@app.command()
+def chaos(
+    run: Path = typer.Argument(..., help="the run directory of a running job (runs/<name>/<run id>)"),
+    fault: str = typer.Argument(..., help="kill | hang | slow | nan | corrupt"),
+    rank: int | None = typer.Option(None, help="the rank to strike (default: one at random)"),
+    at_step: int | None = typer.Option(None, "--at-step", help="wait until the job has done this many steps"),
+    seed: int | None = typer.Option(None, help="seed of the random rank, to repeat a chaos run"),
+    slow_s: float = typer.Option(10.0, "--slow-s", help="how long `slow` keeps the rank slow"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long --at-step may wait"),
+) -> None:
+    """Inject a fault into a running job: kill or hang a rank, slow it down, poison a step with NaN, or
+    corrupt the newest checkpoint. Recovery is the job's: watch it in the run's output and events."""
+    import random
+
+    from phalanx.obs import RunDir
+    from phalanx.resilience.chaos import FAULTS, ChaosError, current_attempt, inject, wait_for_step
+
+    if fault not in FAULTS:
+        err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
+        raise typer.Exit(2)
+    target = RunDir(run)
+    try:
+        if at_step is not None:
+            wait_for_step(target, at_step, timeout_s)
+        if rank is None and fault not in ("nan", "corrupt"):
+            rank = random.Random(seed).randrange(len(current_attempt(target).pids))
+        done = inject(target, fault, rank if rank is not None else 0, slow_s)
+    except ChaosError as e:
+        err.print(f"[bold red]cannot inject[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(done, highlight=False)
+
+
 def main() -> None:
     app()

@@ -39,6 +39,13 @@ def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
     return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * shape
 
 
+MAX_NON_FINITE_IN_A_ROW = 5  # skipping more than this many steps in a row is not recovery: stop
+
+
+class NonFiniteLoss(FloatingPointError):
+    """Training produced NaN/Inf and resilience.on_nan says to stop (or skipping no longer helps)."""
+
+
 @dataclass(frozen=True)
 class StepStats:
     step: int
@@ -47,6 +54,7 @@ class StepStats:
     lr: float
     step_time_s: float
     stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
+    finite: bool = True  # loss and grad norm were finite, and the update was applied
 
 
 def _checkpoint_dir(ctx: WorkerContext) -> str:
@@ -85,6 +93,8 @@ class Trainer:
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
         self._preempted_at: float | None = None
+        self._rolled_back: set[int] = set()  # steps that went non-finite and were replayed from a checkpoint
+        self._non_finite_in_a_row = 0
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
             ctx.spec.checkpoint,
@@ -146,37 +156,35 @@ class Trainer:
 
     def train_step(self) -> StepStats:
         t, started = self.train, time.perf_counter()
+        step = self.progress.step
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
+        poison = float("nan") if self.ctx.nan_requested() else 1.0  # fault injection (phalanx chaos nan)
         loss_sum = torch.zeros((), device=self.ctx.device)
         for micro in batch.split(t.micro_batch):
             with self.autocast:
                 logits = self.model(micro[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten())
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten()) * poison
             (loss / self.accum_steps).backward()
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.optimizer.grad_clip or math.inf)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        lr = self.scheduler.get_last_lr()[0]
-        self.checkpoints.staged()  # an async save may still be copying the weights the step is about to change
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        # Every rank of a tensor-parallel group holds the same loss, so the mean over all ranks is the dp mean.
-        # The same all-reduce carries the stop flag, so every rank learns of a preemption at the same step.
+        # Before the update, every rank learns the step's loss and whether some rank was asked to stop, so all
+        # of them agree on whether to apply it and where to stop. Every rank of a tensor-parallel group holds
+        # the same loss, so the mean over all ranks is the data-parallel mean.
         totals = torch.stack([loss_sum / self.accum_steps, torch.tensor(float(self._preempted_at is not None))])
         dist.all_reduce(totals)
-        loss_mean, stopping = totals.tolist()
-        stats = StepStats(
-            self.progress.step,
-            loss_mean / self.ctx.world_size,
-            grad_norm.item(),
-            lr,
-            time.perf_counter() - started,
-            stop=stopping > 0,
-        )
+        loss_sum, stopping = totals.tolist()
+        loss_mean, norm = loss_sum / self.ctx.world_size, grad_norm.item()
+        finite = math.isfinite(loss_mean) and math.isfinite(norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:  # a non-finite step changes nothing; resilience.on_nan decides what happens next
+            self.checkpoints.staged()  # an async save may still be copying the weights the step changes
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
-        return stats
+        return StepStats(step, loss_mean, norm, lr, time.perf_counter() - started, stop=stopping > 0, finite=finite)
 
     def report(self, s: StepStats) -> None:
         tokens = self.train.global_batch * self.train.seq_len
@@ -216,11 +224,45 @@ class Trainer:
                 self.report(stats)
                 if stats.stop:
                     self._save_and_stop()
+                if stats.finite:
+                    self._non_finite_in_a_row = 0
+                elif self._after_non_finite(stats):
+                    continue  # rolled back: progress is the checkpoint's step, saved already
                 if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
                     self.checkpoints.save(self.progress.step, self.state)
         finally:
             self.batches.close()
         self.checkpoints.close()
+
+    def _after_non_finite(self, s: StepStats) -> bool:
+        """Apply resilience.on_nan to a step whose loss or grad norm was NaN/Inf (its update was not applied).
+        Returns True if the state was rolled back to the last checkpoint.
+
+        stop: fail (not retried: the same data would give the same NaN). skip: go on past this batch.
+        rollback: reload the last valid checkpoint and replay from it, which clears a transient fault (a bad
+        device, a bit flip); a NaN that comes back at the same step is the data's, and that batch is skipped."""
+        assert self.ctx.spec is not None
+        policy = self.ctx.spec.resilience.on_nan
+        what = f"non-finite loss {s.loss} / grad norm {s.grad_norm} at step {s.step + 1}"
+        self._non_finite_in_a_row += 1
+        if policy == "stop" or self._non_finite_in_a_row > MAX_NON_FINITE_IN_A_ROW:
+            why = "resilience.on_nan: stop" if policy == "stop" else f"{self._non_finite_in_a_row} steps in a row"
+            raise NonFiniteLoss(f"{what} ({why})")
+        if policy == "rollback" and s.step not in self._rolled_back:
+            self.checkpoints.wait()
+            if (latest := self.checkpoints.latest_valid()) is not None:
+                self._rolled_back.add(s.step)
+                self.checkpoints.load(latest, self.state)
+                self.batches.close()
+                self.batches = Prefetcher(
+                    self.data, self.train.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step
+                )
+                self._say(f"{what}: rolled back to the checkpoint of step {latest.step}, replaying from it")
+                self.ctx.event("nan_rollback", step=s.step + 1, to_step=latest.step, loss=s.loss)
+                return True
+        self._say(f"{what}: batch skipped (resilience.on_nan: {policy})")
+        self.ctx.event("nan_skipped", step=s.step + 1, loss=s.loss, policy=policy)
+        return False
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
         """Preemption: note it; the loop checkpoints at the end of the step every rank agrees on, then exits."""
