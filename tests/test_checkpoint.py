@@ -195,7 +195,8 @@ def test_kill_9_a_rank_in_the_middle_of_a_save(job: Job, tmp_path: Path) -> None
         "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
         "train: {model: {preset: llama-debug}, steps: 40, global_batch: 8, micro_batch: 4, seq_len: 32,"
         " optimizer: {warmup_steps: 2}}\n"
-        f"checkpoint: {{dir: '{ckpt}', every_steps: 2, keep_last: 2}}\nresilience: {{stop_grace_s: 5}}\n"
+        f"checkpoint: {{dir: '{ckpt}', every_steps: 2, keep_last: 2}}\n"
+        "resilience: {stop_grace_s: 5, max_restarts: 0}\n"
     )
     sup, pids = _start(job, spec)
     dirs, victim = CheckpointDir(ckpt), pids[1]

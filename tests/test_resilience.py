@@ -4,6 +4,7 @@ ends exactly where a run never interrupted ends."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import random
@@ -13,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import REPO, Job
-from phalanx.obs import read_jsonl
+from phalanx.obs import RunDir, read_jsonl
+from phalanx.obs.goodput import write_ledger
 
 STEPS = 40
 
@@ -93,6 +96,12 @@ def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path)
     a = _weights(tmp_path / "straight", tmp_path / "a.pt")
     b = _weights(tmp_path / "chaos", tmp_path / "b.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The ledger accounts for the lost time: redone steps, the hang's detection, three recoveries.
+    ledger = json.loads((run / "goodput.json").read_text())
+    spent = ledger["seconds"]
+    assert sum(spent.values()) == pytest.approx(ledger["wall_s"], rel=0.01)
+    assert spent["lost"] > 0 and spent["recovery"] > 0 and spent["detection"] >= 3.0  # hang_timeout_s: 3
+    assert f"goodput {ledger['goodput']:.1%}" in out
 
 
 def _chaos_nan(job: Job, spec: Path, at_step: int) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -144,3 +153,42 @@ def test_nan_stop_fails_and_is_not_retried(job: Job, tmp_path: Path) -> None:
     assert "NonFiniteLoss: non-finite loss nan" in result.stdout and "(resilience.on_nan: stop)" in result.stdout
     assert "not restarting" in result.stdout
     assert [e["kind"] for e in read_jsonl(run / "events.jsonl")].count("attempt_started") == 1
+
+
+def test_ledger_attributes_every_second(tmp_path: Path) -> None:
+    """A hand-made timeline: attempt 0 runs steps 0-2 and crashes; attempt 1 resumes at step 2 and finishes."""
+    run = RunDir(tmp_path)
+    events = [
+        ("run_started", 100.0),
+        ("attempt_started", 100.0),  # start-up until the first step begins at 104
+        ("worker_failed", 109.0),  # the last step ended at 107: 2 s to see the failure and stop the workers
+        ("attempt_started", 110.0),  # recovery 109 -> 113 (the first step of attempt 1 begins at 113)
+        ("run_finished", 120.0),
+    ]
+    steps = [  # (step, end, step time, checkpoint blocking, data wait)
+        (0, 105.0, 1.0, 0.0, 0.0),
+        (1, 106.0, 1.0, 0.5, 0.0),
+        (2, 107.0, 1.0, 0.0, 0.25),  # redone in attempt 1: lost
+        (2, 114.0, 1.0, 0.0, 0.0),
+        (3, 116.0, 1.0, 0.0, 0.0),  # then 4 s of end of run (final save, shutdown): idle
+    ]
+    run.events.write_text("".join(json.dumps({"kind": k, "ts": ts}) + "\n" for k, ts in events))
+    run.metrics.write_text(
+        "".join(
+            json.dumps({"step": s, "ts": ts, "step_time_s": took, "checkpoint_s": c, "data_wait_s": d}) + "\n"
+            for s, ts, took, c, d in steps
+        )
+    )
+    ledger = write_ledger(run)
+    assert ledger.wall_s == 20.0
+    assert ledger.seconds == {
+        "productive": 1 + 0.5 + 1 + 2,  # step 0, step 1 less its checkpoint, step 2 (again), step 3
+        "lost": 0.75,
+        "checkpoint": 0.5,
+        "data": 0.25,
+        "detection": 2.0,
+        "recovery": 1.0 + 3.0,
+        "idle": 4.0 + 4.0,
+    }
+    assert sum(ledger.seconds.values()) == ledger.wall_s
+    assert json.loads(run.goodput.read_text())["goodput"] == pytest.approx(4.5 / 20)

@@ -32,6 +32,7 @@ from torch.distributed import TCPStore
 
 from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
+from phalanx.obs.goodput import write_ledger
 from phalanx.obs.rundir import RunDir
 from phalanx.resilience import Failure, HangDetector, Stall, backoff_s, classify_exit, hang
 from phalanx.spec import JobSpec, dump_spec
@@ -120,6 +121,7 @@ class Supervisor:
             result = self._attempts()
         self.events.emit("run_finished", **asdict(result))
         self.run_dir.result.write_text(json.dumps(asdict(result), indent=2) + "\n")
+        self.say(write_ledger(self.run_dir).summary())
         return result
 
     def _attempts(self) -> RunResult:

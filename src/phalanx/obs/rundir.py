@@ -5,6 +5,7 @@ runs/<name>/<run id>/
     events.jsonl       events: the supervisor's (attempts, failures, signals, the outcome), rank 0's (checkpoints)
     metrics.jsonl      per-step metrics written by rank 0
     result.json        outcome, exit code and reason, written when the run ends
+    goodput.json       the goodput ledger: where the run's wall time went (obs/goodput.py)
     logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended
     logs/rank-<r>.error.json  the root cause a rank recorded with torch's @record, if any
     logs/rank-<r>.stacks.txt  every thread's Python stack, dumped when the rank was found hung
@@ -37,6 +38,10 @@ class RunDir:
     @property
     def spec(self) -> Path:
         return self.root / "spec.yaml"
+
+    @property
+    def goodput(self) -> Path:
+        return self.root / "goodput.json"
 
     @property
     def events(self) -> Path:

@@ -53,6 +53,7 @@ class StepStats:
     grad_norm: float
     lr: float
     step_time_s: float
+    data_wait_s: float  # of step_time_s, waiting for the batch
     stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
     finite: bool = True  # loss and grad norm were finite, and the update was applied
 
@@ -95,6 +96,7 @@ class Trainer:
         self._preempted_at: float | None = None
         self._rolled_back: set[int] = set()  # steps that went non-finite and were replayed from a checkpoint
         self._non_finite_in_a_row = 0
+        self._checkpoint_s = 0.0
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
             ctx.spec.checkpoint,
@@ -158,6 +160,7 @@ class Trainer:
         t, started = self.train, time.perf_counter()
         step = self.progress.step
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
+        data_wait = time.perf_counter() - started
         poison = float("nan") if self.ctx.nan_requested() else 1.0  # fault injection (phalanx chaos nan)
         loss_sum = torch.zeros((), device=self.ctx.device)
         for micro in batch.split(t.micro_batch):
@@ -179,12 +182,15 @@ class Trainer:
         finite = math.isfinite(loss_mean) and math.isfinite(norm)
         lr = self.scheduler.get_last_lr()[0]
         if finite:  # a non-finite step changes nothing; resilience.on_nan decides what happens next
+            waiting = time.perf_counter()
             self.checkpoints.staged()  # an async save may still be copying the weights the step changes
+            self._checkpoint_s += time.perf_counter() - waiting
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
-        return StepStats(step, loss_mean, norm, lr, time.perf_counter() - started, stop=stopping > 0, finite=finite)
+        took = time.perf_counter() - started
+        return StepStats(step, loss_mean, norm, lr, took, data_wait, stop=stopping > 0, finite=finite)
 
     def report(self, s: StepStats) -> None:
         tokens = self.train.global_batch * self.train.seq_len
@@ -198,11 +204,14 @@ class Trainer:
             grad_norm=s.grad_norm,
             lr=s.lr,
             step_time_s=s.step_time_s,
+            data_wait_s=s.data_wait_s,
+            checkpoint_s=self._checkpoint_s,  # training blocked by checkpoints since the previous step's report
             tokens_per_s=tps,
             tokens_per_s_per_device=per_device,
             mfu=util,
             peak_memory_bytes=mem,
         )
+        self._checkpoint_s = 0.0
         if self.ctx.is_main:
             shown = f"{util:6.1%}" if util is not None else "   n/a"
             print(
@@ -229,7 +238,9 @@ class Trainer:
                 elif self._after_non_finite(stats):
                     continue  # rolled back: progress is the checkpoint's step, saved already
                 if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
+                    saving = time.perf_counter()
                     self.checkpoints.save(self.progress.step, self.state)
+                    self._checkpoint_s += time.perf_counter() - saving
         finally:
             self.batches.close()
         self.checkpoints.close()

@@ -1,0 +1,107 @@
+"""The goodput ledger: where every second of a run's wall time went, from its events and metrics.
+
+The run's timeline is cut into pieces that do not overlap and leave nothing out, so the categories add up to
+the wall time:
+
+    productive     steps whose result was kept (of each step, the last execution: earlier ones were redone)
+    lost           executions of steps that were redone later (after a restart or a rollback)
+    checkpoint     training blocked by checkpoint saves (what the recipe reports per step)
+    data           training waiting for its next batch
+    detection      from a failed attempt's last step to the failure being seen and its workers stopped
+    recovery       from then to the next attempt's first step: backoff, start-up, checkpoint load
+    idle           the first attempt's start-up, the end of the run (final save, shutdown), and runs
+                   that report no steps
+
+A step's time is the interval since the previous step ended (its first in an attempt: its own step time),
+so the time between steps (a checkpoint save, the metrics) is inside it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.rundir import RunDir
+
+CATEGORIES = ("productive", "lost", "checkpoint", "data", "detection", "recovery", "idle")
+FAILURES = ("worker_failed", "hang_detected")
+
+
+@dataclass(frozen=True)
+class Ledger:
+    wall_s: float
+    seconds: dict[str, float]
+
+    @property
+    def goodput(self) -> float:
+        return self.seconds["productive"] / self.wall_s if self.wall_s > 0 else 0.0
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{name} {self.seconds[name]:.1f} s" for name in CATEGORIES if self.seconds[name] > 0.05)
+        return f"goodput {self.goodput:.1%} of {self.wall_s:.1f} s: {parts}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s, "goodput": self.goodput, "seconds": self.seconds}
+
+
+def ledger(run: RunDir) -> Ledger:
+    events = list(read_jsonl(run.events))
+    metrics = list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
+    start = events[0]["ts"]
+    end = next((e["ts"] for e in events if e["kind"] == "run_finished"), events[-1]["ts"])
+    attempts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+    failures = [e["ts"] for e in events if e["kind"] in FAILURES]
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+
+    # Each step execution's interval, by attempt; the last execution of a step index is the one kept.
+    executions: list[tuple[int, float, dict[str, Any]]] = []  # (attempt, interval start, metrics)
+    last_of: dict[int, int] = {}
+    by_attempt: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for m in metrics:
+        by_attempt[sum(1 for ts in attempts if ts <= m["ts"]) - 1].append(m)
+    for attempt in sorted(by_attempt):
+        previous_end = None
+        for m in by_attempt[attempt]:
+            begin = previous_end if previous_end is not None else m["ts"] - m.get("step_time_s", 0.0)
+            last_of[m["step"]] = len(executions)
+            executions.append((attempt, begin, m))
+            previous_end = m["ts"]
+
+    covered: dict[int, tuple[float, float]] = {}  # attempt -> (first step start, last step end)
+    for i, (attempt, begin, m) in enumerate(executions):
+        interval = m["ts"] - begin
+        blocked = min(interval, m.get("checkpoint_s", 0.0))
+        waiting = min(interval - blocked, m.get("data_wait_s", 0.0))
+        seconds["checkpoint"] += blocked
+        seconds["data"] += waiting
+        seconds["productive" if last_of[m["step"]] == i else "lost"] += interval - blocked - waiting
+        first, _ = covered.get(attempt, (begin, m["ts"]))
+        covered[attempt] = (first, m["ts"])
+
+    # Around the steps: each attempt's start-up, and after a failure its detection and the recovery.
+    for a, attempt_start in enumerate(attempts):
+        attempt_end = attempts[a + 1] if a + 1 < len(attempts) else end
+        failed_at = next((ts for ts in failures if attempt_start <= ts <= attempt_end), None)
+        opening = "idle" if a == 0 else "recovery"  # start-up: the first attempt's, or a restart's
+        if a in covered:
+            first, tail_from = covered[a]
+            seconds[opening] += first - attempt_start
+            before_failure = "detection"
+        else:  # no step reported: all of the attempt is start-up
+            tail_from, before_failure = attempt_start, opening
+        if failed_at is None:
+            seconds["idle" if a in covered else opening] += attempt_end - tail_from
+        else:
+            seconds[before_failure] += max(0.0, failed_at - tail_from)
+            seconds["recovery"] += attempt_end - max(failed_at, tail_from)
+    seconds["idle"] += max(0.0, (attempts[0] if attempts else end) - start)
+    return Ledger(end - start, seconds)
+
+
+def write_ledger(run: RunDir) -> Ledger:
+    result = ledger(run)
+    run.goodput.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return result
