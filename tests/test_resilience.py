@@ -192,3 +192,28 @@ def test_ledger_attributes_every_second(tmp_path: Path) -> None:
     }
     assert sum(ledger.seconds.values()) == ledger.wall_s
     assert json.loads(run.goodput.read_text())["goodput"] == pytest.approx(4.5 / 20)
+
+
+def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
+    """`phalanx chaos kill` at a random step of a running job: it restarts and finishes; `chaos corrupt`
+    then breaks its newest checkpoint, and verification says so."""
+    spec = _spec(job, tmp_path / "ckpt", steps=12)
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not (job.runs / "t").is_dir() or not list((job.runs / "t").iterdir()):
+        assert sup.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    run = job.run_dir()
+    chaos = [sys.executable, "-m", "phalanx", "chaos", str(run)]
+    kill = subprocess.run([*chaos, "kill", "--at-step", "3-6", "--seed", "1"], capture_output=True, text=True)
+    assert kill.returncode == 0 and "with SIGKILL" in kill.stderr, kill.stderr
+    out, _ = sup.communicate(timeout=240)
+    assert sup.returncode == 0 and "was killed by SIGKILL" in out and "restart 1/5" in out, out[-3000:]
+    late = subprocess.run([*chaos, "kill"], capture_output=True, text=True)
+    assert late.returncode == 1 and "has finished" in late.stderr
+    corrupt = subprocess.run([*chaos, "corrupt"], capture_output=True, text=True)
+    assert corrupt.returncode == 0 and "step-00000012" in corrupt.stderr, corrupt.stderr
+    verify = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "verify", str(tmp_path / "ckpt")], text=True, capture_output=True
+    )
+    assert verify.returncode == 1 and "does not match its sha256" in verify.stdout

@@ -198,7 +198,9 @@ def chaos(
     run: Path = typer.Argument(..., help="the run directory of a running job (runs/<name>/<run id>)"),
     fault: str = typer.Argument(..., help="kill | hang | slow | nan | corrupt"),
     rank: int | None = typer.Option(None, help="the rank to strike (default: one at random)"),
-    at_step: int | None = typer.Option(None, "--at-step", help="wait until the job has done this many steps"),
+    at_step: str | None = typer.Option(
+        None, "--at-step", help="wait until the job has done this many steps; A-B: a step drawn from A to B"
+    ),
     seed: int | None = typer.Option(None, help="seed of the random rank, to repeat a chaos run"),
     slow_s: float = typer.Option(10.0, "--slow-s", help="how long `slow` keeps the rank slow"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long --at-step may wait"),
@@ -214,11 +216,16 @@ def chaos(
         err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
         raise typer.Exit(2)
     target = RunDir(run)
+    draw = random.Random(seed)
     try:
         if at_step is not None:
-            wait_for_step(target, at_step, timeout_s)
+            low, _, high = at_step.partition("-")
+            if not (low.isdigit() and (high.isdigit() or not high)):
+                err.print(f"[bold red]--at-step {at_step}[/]: give a step (20) or a range (10-30)", highlight=False)
+                raise typer.Exit(2)
+            wait_for_step(target, draw.randint(int(low), int(high or low)), timeout_s)
         if rank is None and fault not in ("nan", "corrupt"):
-            rank = random.Random(seed).randrange(len(current_attempt(target).pids))
+            rank = draw.randrange(len(current_attempt(target).pids))
         done = inject(target, fault, rank if rank is not None else 0, slow_s)
     except ChaosError as e:
         err.print(f"[bold red]cannot inject[/]: {e}", highlight=False)
