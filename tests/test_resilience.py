@@ -21,6 +21,17 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from conftest import REPO, Job
 from phalanx.obs import RunDir, read_jsonl
 from phalanx.obs.goodput import write_ledger
+from phalanx.resilience import (
+    Failure,
+    HangDetector,
+    Kind,
+    Stall,
+    Straggler,
+    StragglerDetector,
+    backoff_s,
+    classify_exit,
+)
+from phalanx.resilience.straggler import WINDOW
 
 STEPS = 40
 
@@ -217,3 +228,76 @@ def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
         [sys.executable, "-m", "phalanx", "ckpt", "verify", str(tmp_path / "ckpt")], text=True, capture_output=True
     )
     assert verify.returncode == 1 and "does not match its sha256" in verify.stdout
+
+
+def test_a_slowed_rank_is_reported_as_a_straggler(job: Job, tmp_path: Path) -> None:
+    spec = job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        "train: {model: {preset: llama-debug}, steps: 60, global_batch: 8, micro_batch: 4, seq_len: 64,"
+        " optimizer: {warmup_steps: 2}}\n"
+        f"checkpoint: {{dir: '{tmp_path / 'ckpt'}', every_steps: 1000}}\nresilience: {{straggler_factor: 1.3}}\n"
+    )
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not (job.runs / "t").is_dir() or not list((job.runs / "t").iterdir()):
+        assert sup.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    slow = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "chaos",
+            str(job.run_dir()),
+            "slow",
+            "--rank",
+            "1",
+            "--slow-s",
+            "12",
+            "--at-step",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert slow.returncode == 0 and "slowed rank 1" in slow.stderr, slow.stderr
+    out, _ = sup.communicate(timeout=240)
+    assert sup.returncode == 0, out[-3000:]
+    assert "rank 1 on node 0" in out and "is a straggler" in out
+    (found,) = [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == "straggler"]
+    assert found["rank"] == 1 and found["compute_s"] > 1.3 * found["others_s"]
+
+
+def test_failure_classification_and_backoff() -> None:
+    assert classify_exit(-signal.SIGKILL, "") == Failure(Kind.INFRASTRUCTURE, "killed by SIGKILL")
+    assert classify_exit(1, "ValueError: bad lr").kind is Kind.USER
+    assert classify_exit(1, "phalanx.train.trainer.NonFiniteLoss: loss nan").kind is Kind.USER
+    assert classify_exit(1, "torch.distributed.DistBackendError: connection reset").retryable
+    assert classify_exit(3, "").why == "exited with code 3 without recording an error"
+    assert [backoff_s(n, 1.0) for n in (1, 2, 3, 7, 8)] == [1.0, 2.0, 4.0, 60.0, 60.0]
+    assert backoff_s(3, 0.0) == 0.0
+
+
+def test_hang_timeout_and_the_rank_behind() -> None:
+    auto = HangDetector("auto")
+    assert auto.timeout_s() == 120.0  # the floor, before any step was timed
+    for step in range(5):
+        auto.observe(0, step, 100.0 * step)
+    assert auto.timeout_s() == 300.0  # 3x the p99 of 100 s steps
+    fixed = HangDetector(5.0)
+    fixed.observe(0, 7, 0.0)
+    fixed.observe(1, 6, 1.0)
+    assert fixed.stalled(4.5) is None
+    assert fixed.stalled(5.5) == Stall(rank=1, step=6, silent_s=5.5, timeout_s=5.0)  # behind: the likely cause
+
+
+def test_straggler_detector() -> None:
+    even, slow = StragglerDetector(1.5), StragglerDetector(1.5)
+    for step in range(WINDOW):
+        for rank in range(4):
+            even.observe(rank, step, 0.010)
+            slow.observe(rank, step, 0.030 if rank == 2 else 0.010)
+    assert even.check() is None
+    assert slow.check() == Straggler(rank=2, compute_s=0.030, others_s=0.010)
+    assert slow.check() is None  # reported once per attempt

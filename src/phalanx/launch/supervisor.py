@@ -21,12 +21,13 @@ import enum
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from torch.distributed import TCPStore
 
@@ -34,7 +35,8 @@ from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.rundir import RunDir
-from phalanx.resilience import Failure, HangDetector, Stall, backoff_s, classify_exit, hang
+from phalanx.resilience import Failure, HangDetector, Stall, StragglerDetector, backoff_s, classify_exit, hang
+from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
 from phalanx.spec import JobSpec, dump_spec
 from phalanx.train.sdk import HEARTBEAT_KEY
 
@@ -102,6 +104,7 @@ class Supervisor:
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
+        self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
 
     def say(self, message: str) -> None:
         with self.console_lock:
@@ -172,6 +175,7 @@ class Supervisor:
             pids={w.rank: w.proc.pid for w in group.workers if w.proc},
         )
         self.hangs.reset()
+        self.stragglers.reset()
         next_hang_check = time.monotonic()
         while True:
             if self._signals:
@@ -190,10 +194,21 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def _stalled(self, store: TCPStore, group: WorkerGroup) -> Stall | None:
+        """Read the heartbeats: report a straggler if one appeared; return the hang if there is one."""
         now = time.monotonic()
         for w in group.workers:
-            if (step := last_step(store, w.rank)) is not None:
-                self.hangs.observe(w.rank, step, now)
+            if (beat := last_heartbeat(store, w.rank)) is not None:
+                self.hangs.observe(w.rank, beat["step"], now)
+                if beat.get("compute_s") is not None:
+                    self.stragglers.observe(w.rank, beat["step"], beat["compute_s"])
+        if (slow := self.stragglers.check()) is not None:
+            node = f"node 0 ({socket.gethostname()})"
+            self.say(
+                f"rank {slow.rank} on {node} is a straggler: {slow.compute_s * 1e3:.1f} ms of compute per step, "
+                f"{slow.ratio:.2f}x the other ranks' {slow.others_s * 1e3:.1f} ms (median of the last "
+                f"{STRAGGLER_WINDOW} steps); every step waits for it"
+            )
+            self.events.emit("straggler", rank=slow.rank, node=node, compute_s=slow.compute_s, others_s=slow.others_s)
         return self.hangs.stalled(now)
 
     def _stop_on_hang(self, group: WorkerGroup, stall: Stall) -> tuple[RunResult, Failure]:
@@ -318,10 +333,15 @@ class Supervisor:
                 signal.signal(sig, handler)
 
 
-def last_step(store: TCPStore, rank: int) -> int | None:
-    """The last step ``rank`` reported through the worker SDK's heartbeat, if it reported any."""
+def last_heartbeat(store: TCPStore, rank: int) -> dict[str, Any] | None:
+    """The last heartbeat ``rank`` sent through the worker SDK ({step, ts, compute_s}), if it sent any."""
     key = HEARTBEAT_KEY.format(rank=rank)
-    return json.loads(store.get(key))["step"] if store.check([key]) else None
+    return json.loads(store.get(key)) if store.check([key]) else None
+
+
+def last_step(store: TCPStore, rank: int) -> int | None:
+    beat = last_heartbeat(store, rank)
+    return beat["step"] if beat is not None else None
 
 
 def recorded_error(error_file: Path) -> str:

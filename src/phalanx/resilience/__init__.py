@@ -1,6 +1,18 @@
-"""Failure detection and recovery policy, used by the supervisor: what failed, whether to retry, hangs."""
+"""Failure detection and recovery policy, used by the supervisor: what failed, whether to retry, hangs,
+stragglers; and fault injection (chaos) to test them."""
 
 from phalanx.resilience.hang import HangDetector, Stall
 from phalanx.resilience.policy import Failure, Kind, backoff_s, classify_exit, hang
+from phalanx.resilience.straggler import Straggler, StragglerDetector
 
-__all__ = ["Failure", "HangDetector", "Kind", "Stall", "backoff_s", "classify_exit", "hang"]
+__all__ = [
+    "Failure",
+    "HangDetector",
+    "Kind",
+    "Stall",
+    "Straggler",
+    "StragglerDetector",
+    "backoff_s",
+    "classify_exit",
+    "hang",
+]

@@ -20,9 +20,9 @@ WINDOW = 1000  # step times kept for the p99: the recent ones
 
 @dataclass(frozen=True)
 class Stall:
-    rank: int
-    step: int
-    silent_s: float
+    rank: int  # the rank behind
+    step: int  # its last reported step
+    silent_s: float  # the longest any rank has gone without progress
     timeout_s: float
 
 
@@ -53,10 +53,11 @@ class HangDetector:
             self._last[rank] = (step, now)
 
     def stalled(self, now: float) -> Stall | None:
-        """If any rank has been silent past the timeout: the rank behind the others (the lowest step, then
-        the longest silent), which the rest are most likely waiting for."""
+        """If some rank has been silent past the timeout: the rank behind the others (the lowest step, then
+        the longest silent), which the rest are most likely waiting for, and the longest silence."""
         timeout = self.timeout_s()
-        if not any(now - since > timeout for _, since in self._last.values()):
+        silent = max((now - since for _, since in self._last.values()), default=0.0)
+        if silent <= timeout:
             return None
-        rank, (step, since) = min(self._last.items(), key=lambda item: item[1])
-        return Stall(rank, step, now - since, timeout)
+        rank, (step, _) = min(self._last.items(), key=lambda item: item[1])
+        return Stall(rank, step, silent, timeout)

@@ -127,6 +127,9 @@ class Resilience(Strict):
         default="auto", description="no step progress for this long is a hang; auto: max(3x p99 step time, 120 s)"
     )
     on_nan: Literal["stop", "skip", "rollback"] = "rollback"
+    straggler_factor: float = Field(
+        default=1.5, gt=1.0, description="a rank whose compute per step stays this many times the others' is reported"
+    )
     stop_grace_s: PositiveFloat = Field(
         default=30.0, description="after SIGTERM, how long workers get (for an emergency checkpoint) before SIGKILL"
     )

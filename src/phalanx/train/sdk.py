@@ -46,14 +46,17 @@ class WorkerContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def heartbeat(self, step: int) -> None:
-        """Tell the supervisor this rank made progress (its failure report names the last step reported)."""
+    def heartbeat(self, step: int, compute_s: float | None = None) -> None:
+        """Tell the supervisor this rank made progress (its failure report names the last step reported; a
+        rank that stops reporting is hung). ``compute_s``, this rank's own compute in the step, lets it find
+        stragglers."""
         if self._store is not None:
-            self._store.set(HEARTBEAT_KEY.format(rank=self.rank), json.dumps({"step": step, "ts": time.time()}))
+            beat = {"step": step, "ts": time.time(), "compute_s": compute_s}
+            self._store.set(HEARTBEAT_KEY.format(rank=self.rank), json.dumps(beat))
 
     def report(self, step: int, **metrics: Any) -> None:
         """Heartbeat, and on rank 0 append ``{step, **metrics}`` to the run's metrics.jsonl."""
-        self.heartbeat(step)
+        self.heartbeat(step, metrics.get("compute_s"))
         if self._metrics is not None:
             self._metrics.write(step=step, **metrics)
 

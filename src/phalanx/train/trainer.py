@@ -26,6 +26,7 @@ from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
 from phalanx.train.sdk import WorkerContext
 from phalanx.train.state import RNG, ModelAndOptimizer, Progress
+from phalanx.train.timing import ForwardComputeTimer
 
 
 def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
@@ -77,6 +78,7 @@ class Trainer:
         self.mesh = build_mesh(ctx.device.type, self.parallel)
         # Seeded: the same initial weights on every rank, and the same as a 1-process run.
         self.model = build_model(self.cfg, self.mesh, t, ctx.device, on_meta=ctx.device.type == "cuda")
+        self.compute = ForwardComputeTimer(list(self.model.layers.values()), ctx.device)
         o = t.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
@@ -206,6 +208,7 @@ class Trainer:
             step_time_s=s.step_time_s,
             data_wait_s=s.data_wait_s,
             checkpoint_s=self._checkpoint_s,  # training blocked by checkpoints since the previous step's report
+            compute_s=self.compute.take(),  # this rank's own forward compute: in its heartbeat, for stragglers
             tokens_per_s=tps,
             tokens_per_s_per_device=per_device,
             mfu=util,
