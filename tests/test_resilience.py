@@ -31,7 +31,9 @@ from phalanx.resilience import (
     backoff_s,
     classify_exit,
 )
+from phalanx.resilience.elastic import Capacity, resized
 from phalanx.resilience.straggler import WINDOW
+from phalanx.spec import SpecError, parse_spec
 
 STEPS = 40
 
@@ -51,37 +53,49 @@ def _weights(ckpt: Path, out: Path, steps: int = STEPS) -> dict[str, torch.Tenso
     return torch.load(out, weights_only=False)["train"]["model"]
 
 
+def _launch(job: Job, spec: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Start ``phalanx run`` in the background; return it and its run directory once that exists."""
+    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
+    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
+        assert sup.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.02)
+    (run,) = new
+    return sup, run
+
+
+def _when_attempt_progressed(
+    sup: subprocess.Popen[str], run: Path, attempt: int, steps: int, committed: bool = False
+) -> dict[int, int]:
+    """Wait until ``attempt`` of the run has reported ``steps`` steps (and, with ``committed``, committed a
+    checkpoint); return its workers' pids by rank."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert sup.poll() is None and time.monotonic() < deadline, f"attempt {attempt} did not get that far"
+        events = list(read_jsonl(run / "events.jsonl")) if (run / "events.jsonl").is_file() else []
+        started = [e for e in events if e["kind"] == "attempt_started"]
+        saved = any(e["kind"] == "checkpoint_committed" and e["attempt"] == attempt for e in events)
+        if len(started) > attempt and (run / "metrics.jsonl").is_file() and (saved or not committed):
+            done = sum(1 for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > started[attempt]["ts"])
+            if done >= steps:
+                return {int(rank): int(pid) for rank, pid in started[attempt]["pids"].items()}
+        time.sleep(0.02)
+
+
 def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path) -> None:
     straight = job.run(_spec(job, tmp_path / "straight"), timeout=300)
     assert straight.returncode == 0, straight.stdout[-3000:]
     (straight_run,) = (job.runs / "t").iterdir()
     expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
 
-    sup = subprocess.Popen(
-        job.argv(_spec(job, tmp_path / "chaos")), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
-    )
+    sup, run = _launch(job, _spec(job, tmp_path / "chaos"))
     rng = random.Random(7)
-    faults = [("kill", signal.SIGKILL), ("kill", signal.SIGKILL), ("hang", signal.SIGSTOP)]
-    deadline = time.monotonic() + 240
-    run = None
-    for attempt, (_, sig) in enumerate(faults):
-        # wait for this attempt's workers and a few steps of progress in it, then strike a random rank
-        after = rng.randint(3, 8)
-        while True:
-            assert sup.poll() is None and time.monotonic() < deadline, "the run ended before every fault was injected"
-            run = run or next((d for d in (job.runs / "t").iterdir() if d != straight_run), None)
-            events = list(read_jsonl(run / "events.jsonl")) if run and (run / "events.jsonl").is_file() else []
-            started = [e for e in events if e["kind"] == "attempt_started"]
-            steps = [e for e in events if e["kind"] == "checkpoint_committed" and e["attempt"] == attempt]
-            if len(started) > attempt and run is not None and (run / "metrics.jsonl").is_file():
-                progressed = sum(1 for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > started[attempt]["ts"])
-                if progressed >= after and (attempt > 0 or steps):
-                    break
-            time.sleep(0.02)
-        os.kill(int(started[attempt]["pids"][str(rng.randint(0, 1))]), sig)
+    for attempt, sig in enumerate([signal.SIGKILL, signal.SIGKILL, signal.SIGSTOP]):  # two crashes, a hang
+        pids = _when_attempt_progressed(sup, run, attempt, rng.randint(3, 8), committed=attempt == 0)
+        os.kill(pids[rng.randint(0, 1)], sig)
     out, _ = sup.communicate(timeout=240)
     assert sup.returncode == 0, out[-4000:]
-    assert run is not None
 
     events = list(read_jsonl(run / "events.jsonl"))
     assert [e["kind"] for e in events if e["kind"] in ("worker_failed", "hang_detected")] == [
@@ -117,13 +131,7 @@ def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path)
 
 def _chaos_nan(job: Job, spec: Path, at_step: int) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the job, and with `phalanx chaos` poison the step after ``at_step``; the run's output and directory."""
-    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
-    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    deadline = time.monotonic() + 120
-    while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
-        assert sup.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    (run,) = new
+    sup, run = _launch(job, spec)
     chaos = subprocess.run(
         [sys.executable, "-m", "phalanx", "chaos", str(run), "nan", "--at-step", str(at_step), "--timeout-s", "120"],
         capture_output=True,
@@ -209,12 +217,7 @@ def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
     """`phalanx chaos kill` at a random step of a running job: it restarts and finishes; `chaos corrupt`
     then breaks its newest checkpoint, and verification says so."""
     spec = _spec(job, tmp_path / "ckpt", steps=12)
-    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    deadline = time.monotonic() + 120
-    while not (job.runs / "t").is_dir() or not list((job.runs / "t").iterdir()):
-        assert sup.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    run = job.run_dir()
+    sup, run = _launch(job, spec)
     chaos = [sys.executable, "-m", "phalanx", "chaos", str(run)]
     kill = subprocess.run([*chaos, "kill", "--at-step", "3-6", "--seed", "1"], capture_output=True, text=True)
     assert kill.returncode == 0 and "with SIGKILL" in kill.stderr, kill.stderr
@@ -237,35 +240,14 @@ def test_a_slowed_rank_is_reported_as_a_straggler(job: Job, tmp_path: Path) -> N
         " optimizer: {warmup_steps: 2}}\n"
         f"checkpoint: {{dir: '{tmp_path / 'ckpt'}', every_steps: 1000}}\nresilience: {{straggler_factor: 1.3}}\n"
     )
-    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    deadline = time.monotonic() + 120
-    while not (job.runs / "t").is_dir() or not list((job.runs / "t").iterdir()):
-        assert sup.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    slow = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "chaos",
-            str(job.run_dir()),
-            "slow",
-            "--rank",
-            "1",
-            "--slow-s",
-            "12",
-            "--at-step",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    sup, run = _launch(job, spec)
+    chaos = [sys.executable, "-m", "phalanx", "chaos", str(run), "slow", "--rank", "1", "--slow-s", "12"]
+    slow = subprocess.run([*chaos, "--at-step", "3"], capture_output=True, text=True, timeout=120)
     assert slow.returncode == 0 and "slowed rank 1" in slow.stderr, slow.stderr
     out, _ = sup.communicate(timeout=240)
     assert sup.returncode == 0, out[-3000:]
     assert "rank 1 on node 0" in out and "is a straggler" in out
-    (found,) = [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == "straggler"]
+    (found,) = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "straggler"]
     assert found["rank"] == 1 and found["compute_s"] > 1.3 * found["others_s"]
 
 
@@ -301,3 +283,49 @@ def test_straggler_detector() -> None:
     assert even.check() is None
     assert slow.check() == Straggler(rank=2, compute_s=0.030, others_s=0.010)
     assert slow.check() is None  # reported once per attempt
+
+
+def test_a_slot_that_keeps_failing_is_left_out(job: Job, tmp_path: Path) -> None:
+    """allow_shrink: rank 1 is killed first in two attempts in a row; the job goes on with one process, from its
+    checkpoint resharded, with the global batch and the loss curve of the two-process run."""
+    straight = job.run(_spec(job, tmp_path / "straight", steps=16), timeout=300)
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    (straight_run,) = (job.runs / "t").iterdir()
+    expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
+    sup, run = _launch(job, _spec(job, tmp_path / "shrink", steps=16, resilience="allow_shrink: true"))
+    os.kill(_when_attempt_progressed(sup, run, 0, 5, committed=True)[1], signal.SIGKILL)
+    os.kill(_when_attempt_progressed(sup, run, 1, 1)[1], signal.SIGKILL)
+    out, _ = sup.communicate(timeout=240)
+    assert sup.returncode == 0, out[-4000:]
+    assert "shrinking to 1 process(es) without local slot 1" in out
+    events = list(read_jsonl(run / "events.jsonl"))
+    (shrunk,) = [e for e in events if e["kind"] == "shrunk"]
+    assert shrunk["slots"] == [0] and shrunk["procs"] == 1
+    assert [len(e["pids"]) for e in events if e["kind"] == "attempt_started"] == [2, 2, 1]
+    resized = (run / "spec.attempt-2.yaml").read_text()
+    assert "procs_per_node: 1" in resized and "dp_shard: -1" in resized
+    last_start = [e["ts"] for e in events if e["kind"] == "attempt_started"][-1]
+    on_one = {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > last_start}
+    assert max(on_one) == 15 and len(on_one) >= 4
+    assert [on_one[s] for s in sorted(on_one)] == pytest.approx([expected[s] for s in sorted(on_one)], rel=1e-4)
+
+
+def test_capacity_excludes_a_slot_only_after_failures_in_a_row() -> None:
+    capacity = Capacity(4, allow_shrink=True, min_procs=3)
+    assert capacity.after_failure(1) is None and capacity.after_failure(2) is None  # different ranks: no streak
+    assert capacity.after_failure(2) == 2 and capacity.slots == [0, 1, 3]
+    assert capacity.after_failure(2) is None and capacity.after_failure(2) is None  # rank 2 is now slot 3: min 3
+    assert capacity.slots == [0, 1, 3]
+    off = Capacity(2, allow_shrink=False, min_procs=1)
+    assert off.after_failure(1) is None and off.after_failure(1) is None and off.slots == [0, 1]
+
+
+def test_resized_spec_refills_the_shard_degree_or_says_why_not() -> None:
+    spec = parse_spec(
+        "name: t\nresources: {procs_per_node: 4, device: cpu}\n"
+        "train: {parallel: {tp: 2, dp_shard: 2}, global_batch: 8, micro_batch: 2, optimizer: {warmup_steps: 2}}\n"
+    )
+    assert resized(spec, 2).parallel.model_dump() == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    with pytest.raises(SpecError) as e:
+        resized(spec, 3)  # 3 ranks do not divide by tp 2
+    assert [issue.path for issue in e.value.issues] == ["train.parallel"]

@@ -36,8 +36,9 @@ from phalanx.obs import EventLog
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.rundir import RunDir
 from phalanx.resilience import Failure, HangDetector, Stall, StragglerDetector, backoff_s, classify_exit, hang
+from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, resized
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
-from phalanx.spec import JobSpec, dump_spec
+from phalanx.spec import JobSpec, SpecError, dump_spec
 from phalanx.train.sdk import HEARTBEAT_KEY
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
@@ -104,6 +105,9 @@ class Supervisor:
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
+        r = spec.resilience
+        self.capacity = Capacity(spec.resources.procs_per_node, r.allow_shrink, r.min_procs)
+        self.attempt_spec, self.attempt_spec_path = spec, self.run_dir.spec  # what the next attempt runs
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
 
     def say(self, message: str) -> None:
@@ -144,6 +148,7 @@ class Supervisor:
                 self.say(f"not restarting: all {policy.max_restarts} restart(s) of resilience.max_restarts used")
                 return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
             restarts += 1
+            self._maybe_shrink(result.failed_rank, restarts)
             wait = backoff_s(restarts, policy.restart_backoff_s)
             self.say(f"restart {restarts}/{policy.max_restarts} in {wait:g} s, from the last valid checkpoint")
             self.events.emit(
@@ -157,6 +162,27 @@ class Supervisor:
                 self.say(f"stopped by {name} before restarting")
                 stopped = RunResult(Outcome.STOPPED, 128 + self._signals[0], f"stopped by {name}", result.run_dir)
                 return replace(stopped, restarts=restarts)
+
+    def _maybe_shrink(self, failed_rank: int | None, attempt: int) -> None:
+        """With allow_shrink, leave out the slot whose rank keeps failing first; later attempts run without it."""
+        slot = self.capacity.after_failure(failed_rank)
+        if slot is None:
+            return
+        procs = len(self.capacity.slots)
+        try:
+            self.attempt_spec = resized(self.spec, procs)
+        except SpecError as e:
+            self.capacity.slots.append(slot)
+            self.capacity.slots.sort()
+            self.say(f"cannot shrink to {procs} process(es): {'; '.join(map(str, e.issues))}; keeping all of them")
+            return
+        self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"
+        self.attempt_spec_path.write_text(dump_spec(self.attempt_spec))
+        self.say(
+            f"shrinking to {procs} process(es) without local slot {slot}: its rank failed first in "
+            f"{FAILURES_TO_EXCLUDE} attempts in a row (spec of the next attempts: {self.attempt_spec_path})"
+        )
+        self.events.emit("shrunk", slot=slot, slots=self.capacity.slots, procs=procs)
 
     def _attempt(self, attempt: int) -> tuple[RunResult, Failure | None]:
         store = TCPStore(
@@ -236,13 +262,20 @@ class Supervisor:
         return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=stall.rank), failure
 
     def _workers(self, attempt: int, port: int) -> list[Worker]:
-        res = self.spec.resources
+        spec = self.attempt_spec
+        res = spec.resources
+        devices = {}  # after a shrink on CUDA: rank r runs on the device of slot slots[r]
+        if self.device == "cuda" and len(self.capacity.slots) < self.spec.resources.procs_per_node:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            names = visible.split(",") if visible else [str(i) for i in range(self.spec.resources.procs_per_node)]
+            devices["CUDA_VISIBLE_DEVICES"] = ",".join(names[slot] for slot in self.capacity.slots)
         base = {
             **os.environ,
             "OMP_NUM_THREADS": os.environ.get(
                 "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // res.procs_per_node))
             ),
-            **self.spec.env,
+            **spec.env,
+            **devices,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(res.world_size),
@@ -258,7 +291,7 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             "PHALANX_RUN_ID": self.run_dir.run_id,
             "PHALANX_RUN_DIR": str(self.run_dir.root),
-            "PHALANX_SPEC": str(self.run_dir.spec),
+            "PHALANX_SPEC": str(self.attempt_spec_path),
             "PHALANX_ATTEMPT": str(attempt),
             "PHALANX_DEVICE": self.device,
         }
@@ -275,7 +308,7 @@ class Supervisor:
                 "TORCHELASTIC_ERROR_FILE": str(error_file),
                 "PHALANX_STACKS_FILE": str(self.run_dir.stacks(rank)),
             }
-            workers.append(Worker(rank, worker_argv(self.spec), env, self.run_dir.log(rank)))
+            workers.append(Worker(rank, worker_argv(spec), env, self.run_dir.log(rank)))
         return workers
 
     def _stop_on_failure(self, group: WorkerGroup, first: Worker, store: TCPStore) -> tuple[RunResult, Failure]:

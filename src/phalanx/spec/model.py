@@ -127,6 +127,10 @@ class Resilience(Strict):
         default="auto", description="no step progress for this long is a hang; auto: max(3x p99 step time, 120 s)"
     )
     on_nan: Literal["stop", "skip", "rollback"] = "rollback"
+    allow_shrink: bool = Field(
+        default=False, description="go on with fewer ranks when a slot's rank fails first in two attempts in a row"
+    )
+    min_procs: PositiveInt = Field(default=1, description="with allow_shrink: never fewer processes than this")
     straggler_factor: float = Field(
         default=1.5, gt=1.0, description="a rank whose compute per step stays this many times the others' is reported"
     )
