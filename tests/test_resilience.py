@@ -285,37 +285,49 @@ def test_straggler_detector() -> None:
     assert slow.check() is None  # reported once per attempt
 
 
-def test_a_slot_that_keeps_failing_is_left_out(job: Job, tmp_path: Path) -> None:
+def test_a_slot_that_keeps_failing_is_left_out_then_taken_back(job: Job, tmp_path: Path) -> None:
     """allow_shrink: rank 1 is killed first in two attempts in a row; the job goes on with one process, from its
-    checkpoint resharded, with the global batch and the loss curve of the two-process run."""
-    straight = job.run(_spec(job, tmp_path / "straight", steps=16), timeout=300)
+    checkpoint resharded, with the global batch and the loss curve of the two-process run; after
+    regrow_after_s it stops itself (checkpointing) and goes on with both processes again."""
+    straight = job.run(_spec(job, tmp_path / "straight", steps=60), timeout=300)
     assert straight.returncode == 0, straight.stdout[-3000:]
     (straight_run,) = (job.runs / "t").iterdir()
     expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
-    sup, run = _launch(job, _spec(job, tmp_path / "shrink", steps=16, resilience="allow_shrink: true"))
+    spec = _spec(job, tmp_path / "shrink", steps=60, resilience="allow_shrink: true, regrow_after_s: 2")
+    sup, run = _launch(job, spec)
     os.kill(_when_attempt_progressed(sup, run, 0, 5, committed=True)[1], signal.SIGKILL)
     os.kill(_when_attempt_progressed(sup, run, 1, 1)[1], signal.SIGKILL)
     out, _ = sup.communicate(timeout=240)
     assert sup.returncode == 0, out[-4000:]
-    assert "shrinking to 1 process(es) without local slot 1" in out
+    assert "shrinking to 1 process(es) without local slot 1" in out and "growing back to 2 process(es)" in out
+    assert "emergency checkpoint of step" in out  # the shrunk attempt checkpointed before it was stopped
     events = list(read_jsonl(run / "events.jsonl"))
     (shrunk,) = [e for e in events if e["kind"] == "shrunk"]
     assert shrunk["slots"] == [0] and shrunk["procs"] == 1
-    assert [len(e["pids"]) for e in events if e["kind"] == "attempt_started"] == [2, 2, 1]
+    (grown,) = [e for e in events if e["kind"] == "grown"]
+    assert grown["slots"] == [1] and grown["procs"] == 2
+    assert [len(e["pids"]) for e in events if e["kind"] == "attempt_started"] == [2, 2, 1, 2]
     resized = (run / "spec.attempt-2.yaml").read_text()
     assert "procs_per_node: 1" in resized and "dp_shard: -1" in resized
-    last_start = [e["ts"] for e in events if e["kind"] == "attempt_started"][-1]
-    on_one = {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > last_start}
-    assert max(on_one) == 15 and len(on_one) >= 4
-    assert [on_one[s] for s in sorted(on_one)] == pytest.approx([expected[s] for s in sorted(on_one)], rel=1e-4)
+    starts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+    seen = list(read_jsonl(run / "metrics.jsonl"))
+    on_one = sorted(m["step"] for m in seen if starts[2] < m["ts"] < starts[3])
+    on_two = {m["step"]: m["loss"] for m in seen if m["ts"] > starts[3]}
+    assert len(on_one) >= 4 and max(on_two) == 59 and min(on_two) <= max(on_one) + 1
+    losses = {m["step"]: m["loss"] for m in seen}
+    assert [losses[s] for s in on_one[:4]] == pytest.approx([expected[s] for s in on_one[:4]], rel=1e-4)
+    assert [on_two[s] for s in sorted(on_two)] == pytest.approx([expected[s] for s in sorted(on_two)], rel=1e-3)
 
 
 def test_capacity_excludes_a_slot_only_after_failures_in_a_row() -> None:
-    capacity = Capacity(4, allow_shrink=True, min_procs=3)
+    capacity = Capacity(4, allow_shrink=True, min_procs=3, regrow_after_s=10.0)
     assert capacity.after_failure(1) is None and capacity.after_failure(2) is None  # different ranks: no streak
     assert capacity.after_failure(2) == 2 and capacity.slots == [0, 1, 3]
     assert capacity.after_failure(2) is None and capacity.after_failure(2) is None  # rank 2 is now slot 3: min 3
     assert capacity.slots == [0, 1, 3]
+    assert capacity.regrow() == [2] and capacity.slots == [0, 1, 2, 3]
+    assert capacity.after_failure(2) == 2  # on probation: its first failure leaves it out again
+    assert capacity.regrow_after_s == 20.0
     off = Capacity(2, allow_shrink=False, min_procs=1)
     assert off.after_failure(1) is None and off.after_failure(1) is None and off.slots == [0, 1]
 

@@ -35,7 +35,7 @@ from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.rundir import RunDir
-from phalanx.resilience import Failure, HangDetector, Stall, StragglerDetector, backoff_s, classify_exit, hang
+from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s, classify_exit, hang
 from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, resized
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
 from phalanx.spec import JobSpec, SpecError, dump_spec
@@ -44,6 +44,7 @@ from phalanx.train.sdk import HEARTBEAT_KEY
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
 HANG_CHECK_S = 0.5  # how often the heartbeats are read
 STACK_DUMP_S = 2.0  # how long hung workers get to write their stacks before they are killed
+REGROW = Failure(Kind.INFRASTRUCTURE, "stopped to grow back")  # not a failure: the attempt ends on purpose
 
 
 class Outcome(enum.StrEnum):
@@ -106,7 +107,7 @@ class Supervisor:
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
         r = spec.resilience
-        self.capacity = Capacity(spec.resources.procs_per_node, r.allow_shrink, r.min_procs)
+        self.capacity = Capacity(spec.resources.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
         self.attempt_spec, self.attempt_spec_path = spec, self.run_dir.spec  # what the next attempt runs
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
 
@@ -135,12 +136,16 @@ class Supervisor:
         """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
         (a user error, or the restart budget is spent). Each restart resumes from the last valid checkpoint."""
         policy = self.spec.resilience
-        restarts = 0
+        attempt = restarts = 0
         while True:
-            result, failure = self._attempt(restarts)
+            result, failure = self._attempt(attempt)
+            attempt += 1
             result = replace(result, restarts=restarts)
             if failure is None:
                 return result
+            if failure is REGROW:
+                self._regrow(attempt)
+                continue
             if not failure.retryable:
                 self.say(f"not restarting: {failure.why}")
                 return replace(result, reason=f"{result.reason} (a user error: not retried)")
@@ -148,7 +153,7 @@ class Supervisor:
                 self.say(f"not restarting: all {policy.max_restarts} restart(s) of resilience.max_restarts used")
                 return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
             restarts += 1
-            self._maybe_shrink(result.failed_rank, restarts)
+            self._maybe_shrink(result.failed_rank, attempt)
             wait = backoff_s(restarts, policy.restart_backoff_s)
             self.say(f"restart {restarts}/{policy.max_restarts} in {wait:g} s, from the last valid checkpoint")
             self.events.emit(
@@ -184,6 +189,24 @@ class Supervisor:
         )
         self.events.emit("shrunk", slot=slot, slots=self.capacity.slots, procs=procs)
 
+    def _regrow(self, attempt: int) -> None:
+        back = self.capacity.regrow()
+        self.attempt_spec, self.attempt_spec_path = self.spec, self.run_dir.spec
+        self.say(
+            f"growing back to {self.capacity.full} process(es) with slot(s) {back}; a slot that fails first again "
+            "is left out at once"
+        )
+        self.events.emit("grown", slots=back, procs=self.capacity.full, attempt=attempt)
+
+    def _stop_to_regrow(self, group: WorkerGroup) -> tuple[RunResult, Failure]:
+        """Stop a shrunk attempt that has trained for regrow_after_s (SIGTERM: the recipe checkpoints first)."""
+        self.say(
+            f"{len(group.workers)} process(es) trained for {self.capacity.regrow_after_s:g} s since the shrink: "
+            f"stopping them (SIGTERM, they checkpoint) to try all {self.capacity.full} again"
+        )
+        group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
+        return RunResult(Outcome.STOPPED, 0, "stopped to grow back", str(self.run_dir.root)), REGROW
+
     def _attempt(self, attempt: int) -> tuple[RunResult, Failure | None]:
         store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
@@ -217,7 +240,14 @@ class Supervisor:
                 next_hang_check = time.monotonic() + HANG_CHECK_S
                 if (stall := self._stalled(store, group)) is not None:
                     return self._stop_on_hang(group, stall)
+                if self._regrow_due():
+                    return self._stop_to_regrow(group)
             time.sleep(POLL_S)
+
+    def _regrow_due(self) -> bool:
+        """A shrunk attempt has trained (reported steps) for regrow_after_s."""
+        wait, since = self.capacity.regrow_after_s, self.hangs.first_progress
+        return self.capacity.shrunk and wait is not None and since is not None and time.monotonic() - since >= wait
 
     def _stalled(self, store: TCPStore, group: WorkerGroup) -> Stall | None:
         """Read the heartbeats: report a straggler if one appeared; return the hang if there is one."""

@@ -5,6 +5,11 @@ that fell off the bus, a GPU with failing memory) rather than bad luck. With ``r
 next attempt runs on the remaining slots, down to ``resilience.min_procs``: the data-parallel shard degree is
 refilled for the smaller world and the checkpoint is resharded into it on load; the global batch stays, so
 training goes on along the same curve with more accumulation per rank.
+
+Whether a left-out device works again cannot be seen from here, so growing back is tried: once a shrunk
+attempt has trained for ``resilience.regrow_after_s``, the supervisor stops it with SIGTERM (the recipe saves
+a checkpoint and exits) and starts the next attempt on every slot. A slot taken back that fails first again is
+left out at once, and the next try waits twice as long.
 """
 
 from __future__ import annotations
@@ -15,15 +20,23 @@ FAILURES_TO_EXCLUDE = 2  # first to fail in this many attempts in a row
 
 
 class Capacity:
-    def __init__(self, procs: int, allow_shrink: bool, min_procs: int):
+    def __init__(self, procs: int, allow_shrink: bool, min_procs: int, regrow_after_s: float | None = None):
+        self.full = procs
         self.slots = list(range(procs))  # usable local slots; the attempt's rank r runs on slots[r]
-        self.allow_shrink, self.min_procs = allow_shrink, min_procs
+        self.allow_shrink, self.min_procs, self.regrow_after_s = allow_shrink, min_procs, regrow_after_s
         self._streak: tuple[int | None, int] = (None, 0)  # (slot, failures in a row)
+        self._probation: set[int] = set()  # slots taken back by regrow(): their next first failure excludes them
+
+    @property
+    def shrunk(self) -> bool:
+        return len(self.slots) < self.full
 
     def after_failure(self, rank: int | None) -> int | None:
         """Record that ``rank`` of the last attempt failed first; return the slot that is now excluded, if any."""
         slot = self.slots[rank] if rank is not None and rank < len(self.slots) else None
         count = self._streak[1] + 1 if slot is not None and slot == self._streak[0] else 1
+        if slot in self._probation:
+            count = FAILURES_TO_EXCLUDE
         self._streak = (slot, count)
         if slot is None or count < FAILURES_TO_EXCLUDE or not self.allow_shrink:
             return None
@@ -32,6 +45,15 @@ class Capacity:
         self.slots.remove(slot)
         self._streak = (None, 0)
         return slot
+
+    def regrow(self) -> list[int]:
+        """Take every left-out slot back, on probation; the wait before the next regrow doubles. Returns them."""
+        back = sorted(set(range(self.full)) - set(self.slots))
+        self._probation |= set(back)
+        self.slots = list(range(self.full))
+        if self.regrow_after_s is not None:
+            self.regrow_after_s *= 2
+        return back
 
 
 def resized(spec: JobSpec, procs: int) -> JobSpec:

@@ -31,10 +31,12 @@ class HangDetector:
         self.fixed = timeout_s if isinstance(timeout_s, int | float) else None
         self._intervals: deque[float] = deque(maxlen=WINDOW)  # seconds per step, per rank, across attempts
         self._last: dict[int, tuple[int, float]] = {}  # rank -> (step, when it was first seen)
+        self.first_progress: float | None = None  # when this attempt's first step was seen
 
     def reset(self) -> None:
         """A new attempt: forget the ranks' positions (step times stay: the job is the same)."""
         self._last.clear()
+        self.first_progress = None
 
     def timeout_s(self) -> float:
         if self.fixed is not None:
@@ -46,6 +48,8 @@ class HangDetector:
         return max(AUTO_FACTOR * p99, AUTO_FLOOR_S)
 
     def observe(self, rank: int, step: int, now: float) -> None:
+        if self.first_progress is None:
+            self.first_progress = now
         last = self._last.get(rank)
         if last is None or step != last[0]:
             if last is not None and step > last[0]:

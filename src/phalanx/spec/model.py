@@ -131,6 +131,9 @@ class Resilience(Strict):
         default=False, description="go on with fewer ranks when a slot's rank fails first in two attempts in a row"
     )
     min_procs: PositiveInt = Field(default=1, description="with allow_shrink: never fewer processes than this")
+    regrow_after_s: PositiveFloat | None = Field(
+        default=600.0, description="after a shrink, train this long, then try every slot again (null: never)"
+    )
     straggler_factor: float = Field(
         default=1.5, gt=1.0, description="a rank whose compute per step stays this many times the others' is reported"
     )
