@@ -195,36 +195,37 @@ def ckpt_export(
 
 @app.command()
 def chaos(
-    run: Path = typer.Argument(..., help="the run directory of a running job (runs/<name>/<run id>)"),
-    fault: str = typer.Argument(..., help="kill | hang | slow | nan | corrupt"),
+    run: Path = typer.Argument(
+        ..., help="a running job's run directory (runs/<name>/<run id>), or runs/<name>: its newest running run"
+    ),
+    fault: str = typer.Argument(..., help="kill | hang | slow | nan | spike | corrupt"),
     rank: int | None = typer.Option(None, help="the rank to strike (default: one at random)"),
     at_step: str | None = typer.Option(
         None, "--at-step", help="wait until the job has done this many steps; A-B: a step drawn from A to B"
     ),
     seed: int | None = typer.Option(None, help="seed of the random rank, to repeat a chaos run"),
     slow_s: float = typer.Option(10.0, "--slow-s", help="how long `slow` keeps the rank slow"),
-    timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long --at-step may wait"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long to wait for the run and for --at-step"),
 ) -> None:
-    """Inject a fault into a running job: kill or hang a rank, slow it down, poison a step with NaN, or
-    corrupt the newest checkpoint. Recovery is the job's: watch it in the run's output and events."""
+    """Inject a fault into a running job: kill or hang a rank, slow it down, poison a step with NaN or a loss
+    spike, or corrupt the newest checkpoint. Recovery is the job's: watch it in the run's output and events."""
     import random
 
-    from phalanx.obs import RunDir
-    from phalanx.resilience.chaos import FAULTS, ChaosError, current_attempt, inject, wait_for_step
+    from phalanx.resilience.chaos import FAULTS, ChaosError, current_attempt, inject, running_run, wait_for_step
 
     if fault not in FAULTS:
         err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
         raise typer.Exit(2)
-    target = RunDir(run)
     draw = random.Random(seed)
     try:
+        target = running_run(run, timeout_s)
         if at_step is not None:
             low, _, high = at_step.partition("-")
             if not (low.isdigit() and (high.isdigit() or not high)):
                 err.print(f"[bold red]--at-step {at_step}[/]: give a step (20) or a range (10-30)", highlight=False)
                 raise typer.Exit(2)
             wait_for_step(target, draw.randint(int(low), int(high or low)), timeout_s)
-        if rank is None and fault not in ("nan", "corrupt"):
+        if rank is None and fault not in ("nan", "spike", "corrupt"):
             rank = draw.randrange(len(current_attempt(target).pids))
         done = inject(target, fault, rank if rank is not None else 0, slow_s)
     except ChaosError as e:

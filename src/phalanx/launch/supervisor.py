@@ -245,9 +245,12 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def _regrow_due(self) -> bool:
-        """A shrunk attempt has trained (reported steps) for regrow_after_s."""
+        """A shrunk attempt has trained (reported steps) for regrow_after_s, and has steps left to train."""
         wait, since = self.capacity.regrow_after_s, self.hangs.first_progress
-        return self.capacity.shrunk and wait is not None and since is not None and time.monotonic() - since >= wait
+        if not self.capacity.shrunk or wait is None or since is None or time.monotonic() - since < wait:
+            return False
+        train, step = self.spec.train, self.hangs.latest_step
+        return train is None or step is None or step + 1 < train.steps
 
     def _stalled(self, store: TCPStore, group: WorkerGroup) -> Stall | None:
         """Read the heartbeats: report a straggler if one appeared; return the hang if there is one."""

@@ -4,6 +4,7 @@
     hang     SIGSTOP a rank and leave it stopped (a hung collective); the hang detector must find it
     slow     stop and continue a rank in turns for a while (a straggler: a slow device or host)
     nan      make the next step's loss NaN (through the job's c10d store; resilience.on_nan applies)
+    spike    make the next step's loss spike (one rank's loss times 10; resilience.on_nan applies)
     corrupt  flip a byte in the newest committed checkpoint (latest_valid() must skip it)
 
 Faults reach the job's current attempt, found in its run directory's events.
@@ -16,15 +17,17 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch.distributed import TCPStore
 
 from phalanx.checkpoint import CheckpointDir
 from phalanx.obs import RunDir, read_jsonl
 from phalanx.spec import load_spec
-from phalanx.train.sdk import CHAOS_NAN_KEY
+from phalanx.train.sdk import CHAOS_LOSS_KEY
 
-FAULTS = ("kill", "hang", "slow", "nan", "corrupt")
+FAULTS = ("kill", "hang", "slow", "nan", "spike", "corrupt")
+TAKE_TIMEOUT_S = 60.0  # how long a loss fault may wait for the job's next step
 
 
 class ChaosError(RuntimeError):
@@ -36,6 +39,22 @@ class Attempt:
     number: int
     pids: dict[int, int]
     port: int
+
+
+def running_run(path: Path, timeout_s: float) -> RunDir:
+    """``path`` if it is a run directory; if it is a job's directory of runs (runs/<name>), its newest run
+    still going, waiting up to ``timeout_s`` for one to start (so chaos can be armed before the job)."""
+    if (path / "events.jsonl").is_file() or (path / "spec.yaml").is_file():
+        return RunDir(path)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        going = [RunDir(d) for d in sorted(path.iterdir()) if (d / "events.jsonl").is_file()] if path.is_dir() else []
+        going = [r for r in going if not any(e["kind"] == "run_finished" for e in read_jsonl(r.events))]
+        if going:
+            return going[-1]
+        if time.monotonic() > deadline:
+            raise ChaosError(f"no run of {path} started within {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def current_attempt(run: RunDir) -> Attempt:
@@ -67,10 +86,16 @@ def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0) -> str:
     if fault == "corrupt":
         return _corrupt_newest_checkpoint(run)
     attempt = current_attempt(run)
-    if fault == "nan":
+    if fault in ("nan", "spike"):
         store = TCPStore("127.0.0.1", attempt.port, is_master=False, timeout=datetime.timedelta(seconds=10))
-        store.set(CHAOS_NAN_KEY, "1")
-        return f"asked attempt {attempt.number} for a NaN loss at its next step"
+        store.set(CHAOS_LOSS_KEY, fault)
+        what = "a NaN loss" if fault == "nan" else "a loss spike"
+        deadline = time.monotonic() + TAKE_TIMEOUT_S
+        while store.check([CHAOS_LOSS_KEY]):  # rank 0 deletes the key when it poisons its step
+            if time.monotonic() > deadline:
+                raise ChaosError(f"attempt {attempt.number} did not take {what} within {TAKE_TIMEOUT_S:g} s")
+            time.sleep(0.01)
+        return f"attempt {attempt.number} took {what} at its next step"
     if rank not in attempt.pids:
         raise ChaosError(f"--rank {rank}: the job has ranks 0..{len(attempt.pids) - 1}")
     pid = attempt.pids[rank]

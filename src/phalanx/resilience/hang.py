@@ -38,6 +38,11 @@ class HangDetector:
         self._last.clear()
         self.first_progress = None
 
+    @property
+    def latest_step(self) -> int | None:
+        """The furthest step any rank has reported in this attempt."""
+        return max((step for step, _ in self._last.values()), default=None)
+
     def timeout_s(self) -> float:
         if self.fixed is not None:
             return float(self.fixed)

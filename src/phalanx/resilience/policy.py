@@ -3,7 +3,7 @@
 A failure is classified from its first failed rank (the root cause; the others' exits are consequences):
 
 - user: the code or the spec is wrong (an exception such as ImportError, TypeError, ValueError, AssertionError,
-  or phalanx's own SpecError / DatasetError / NonFiniteLoss). Running it again fails the same way, so it is not retried.
+  or phalanx's own SpecError / DatasetError / BadLoss). Running it again fails the same way, so it is not retried.
 - infrastructure: the process was killed by a signal (the OOM killer, a lost node, a driver fault), a
   collective or the network failed, the job hung, or a process exited non-zero without saying why. Restarting
   from the last good checkpoint can help, so it is retried while the restart budget lasts.
@@ -34,7 +34,7 @@ USER_ERRORS = frozenset(
         "FileNotFoundError",
         "SpecError",
         "DatasetError",
-        "NonFiniteLoss",
+        "BadLoss",
     }
 )
 BACKOFF_CAP_S = 60.0

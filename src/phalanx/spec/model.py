@@ -126,7 +126,12 @@ class Resilience(Strict):
     hang_timeout_s: PositiveFloat | Literal["auto"] = Field(
         default="auto", description="no step progress for this long is a hang; auto: max(3x p99 step time, 120 s)"
     )
-    on_nan: Literal["stop", "skip", "rollback"] = "rollback"
+    on_nan: Literal["stop", "skip", "rollback"] = Field(
+        default="rollback", description="a step whose loss or grad norm is NaN/Inf, or whose loss spikes"
+    )
+    loss_spike_factor: float | None = Field(
+        default=3.0, gt=1.0, description="a loss above this times the median of the last 50 is a spike (null: off)"
+    )
     allow_shrink: bool = Field(
         default=False, description="go on with fewer ranks when a slot's rank fails first in two attempts in a row"
     )

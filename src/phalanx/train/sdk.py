@@ -26,7 +26,7 @@ from phalanx.obs import EventLog, JsonlLog, RunDir
 from phalanx.spec import JobSpec, load_spec
 
 HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
-CHAOS_NAN_KEY = "phalanx/chaos/nan"  # set by `phalanx chaos nan`: the next step's loss is made NaN
+CHAOS_LOSS_KEY = "phalanx/chaos/loss"  # set by `phalanx chaos nan|spike`: the next step's loss is made bad
 
 
 @dataclass
@@ -60,13 +60,14 @@ class WorkerContext:
         if self._metrics is not None:
             self._metrics.write(step=step, **metrics)
 
-    def nan_requested(self) -> bool:
-        """Fault injection: has ``phalanx chaos nan`` asked for a NaN loss? Rank 0 answers, once per request
-        (one rank's NaN reaches every rank through the gradient and loss reductions)."""
-        if self._store is None or self.rank != 0 or not self._store.check([CHAOS_NAN_KEY]):
-            return False
-        self._store.delete_key(CHAOS_NAN_KEY)
-        return True
+    def requested_fault(self) -> str | None:
+        """Fault injection: the loss fault ``phalanx chaos nan|spike`` asked for, if any. Rank 0 answers, once
+        per request (one rank's bad loss reaches every rank through the gradient and loss reductions)."""
+        if self._store is None or self.rank != 0 or not self._store.check([CHAOS_LOSS_KEY]):
+            return None
+        fault = self._store.get(CHAOS_LOSS_KEY).decode()
+        self._store.delete_key(CHAOS_LOSS_KEY)
+        return fault
 
     def event(self, kind: str, **fields: Any) -> None:
         """On rank 0, record an event in the run's events.jsonl beside the supervisor's (one line per append)."""

@@ -22,6 +22,7 @@ from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
 from phalanx.spec import SpecError, SpecIssue, dump_spec
 from phalanx.spec.model import Optimizer
+from phalanx.train.guard import LossGuard
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
 from phalanx.train.sdk import WorkerContext
@@ -40,11 +41,13 @@ def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
     return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * shape
 
 
-MAX_NON_FINITE_IN_A_ROW = 5  # skipping more than this many steps in a row is not recovery: stop
+MAX_BAD_IN_A_ROW = 5  # skipping more than this many steps in a row is not recovery: stop
+POISON = {"nan": float("nan"), "spike": 10.0}  # what `phalanx chaos` multiplies one rank's loss by
 
 
-class NonFiniteLoss(FloatingPointError):
-    """Training produced NaN/Inf and resilience.on_nan says to stop (or skipping no longer helps)."""
+class BadLoss(FloatingPointError):
+    """Training produced NaN/Inf or a loss spike, and resilience.on_nan says to stop (or skipping no longer
+    helps)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class StepStats:
     step_time_s: float
     data_wait_s: float  # of step_time_s, waiting for the batch
     stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
-    finite: bool = True  # loss and grad norm were finite, and the update was applied
+    problem: str | None = None  # why the step was bad (NaN/Inf, a spike) and its update not applied
 
 
 def _checkpoint_dir(ctx: WorkerContext) -> str:
@@ -96,8 +99,9 @@ class Trainer:
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
         self._preempted_at: float | None = None
-        self._rolled_back: set[int] = set()  # steps that went non-finite and were replayed from a checkpoint
-        self._non_finite_in_a_row = 0
+        self.guard = LossGuard(ctx.spec.resilience.loss_spike_factor)
+        self._rolled_back: set[int] = set()  # bad steps that were replayed from a checkpoint
+        self._bad_in_a_row = 0
         self._checkpoint_s = 0.0
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
@@ -163,7 +167,7 @@ class Trainer:
         step = self.progress.step
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - started
-        poison = float("nan") if self.ctx.nan_requested() else 1.0  # fault injection (phalanx chaos nan)
+        poison = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
         loss_sum = torch.zeros((), device=self.ctx.device)
         for micro in batch.split(t.micro_batch):
             with self.autocast:
@@ -181,9 +185,10 @@ class Trainer:
         dist.all_reduce(totals)
         loss_sum, stopping = totals.tolist()
         loss_mean, norm = loss_sum / self.ctx.world_size, grad_norm.item()
-        finite = math.isfinite(loss_mean) and math.isfinite(norm)
+        problem = self.guard.problem(loss_mean, norm)
         lr = self.scheduler.get_last_lr()[0]
-        if finite:  # a non-finite step changes nothing; resilience.on_nan decides what happens next
+        if problem is None:  # a bad step changes nothing; resilience.on_nan decides what happens next
+            self.guard.good(loss_mean)
             waiting = time.perf_counter()
             self.checkpoints.staged()  # an async save may still be copying the weights the step changes
             self._checkpoint_s += time.perf_counter() - waiting
@@ -192,7 +197,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
         took = time.perf_counter() - started
-        return StepStats(step, loss_mean, norm, lr, took, data_wait, stop=stopping > 0, finite=finite)
+        return StepStats(step, loss_mean, norm, lr, took, data_wait, stop=stopping > 0, problem=problem)
 
     def report(self, s: StepStats) -> None:
         tokens = self.train.global_batch * self.train.seq_len
@@ -236,9 +241,9 @@ class Trainer:
                 self.report(stats)
                 if stats.stop:
                     self._save_and_stop()
-                if stats.finite:
-                    self._non_finite_in_a_row = 0
-                elif self._after_non_finite(stats):
+                if stats.problem is None:
+                    self._bad_in_a_row = 0
+                elif self._after_bad_step(stats):
                     continue  # rolled back: progress is the checkpoint's step, saved already
                 if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
                     saving = time.perf_counter()
@@ -248,20 +253,20 @@ class Trainer:
             self.batches.close()
         self.checkpoints.close()
 
-    def _after_non_finite(self, s: StepStats) -> bool:
-        """Apply resilience.on_nan to a step whose loss or grad norm was NaN/Inf (its update was not applied).
-        Returns True if the state was rolled back to the last checkpoint.
+    def _after_bad_step(self, s: StepStats) -> bool:
+        """Apply resilience.on_nan to a step whose loss or grad norm was NaN/Inf or whose loss spiked (its update
+        was not applied). Returns True if the state was rolled back to the last checkpoint.
 
-        stop: fail (not retried: the same data would give the same NaN). skip: go on past this batch.
+        stop: fail (not retried: the same data would do the same). skip: go on past this batch.
         rollback: reload the last valid checkpoint and replay from it, which clears a transient fault (a bad
-        device, a bit flip); a NaN that comes back at the same step is the data's, and that batch is skipped."""
+        device, a bit flip); a bad step that comes back at the same step is the data's: that batch is skipped."""
         assert self.ctx.spec is not None
         policy = self.ctx.spec.resilience.on_nan
-        what = f"non-finite loss {s.loss} / grad norm {s.grad_norm} at step {s.step + 1}"
-        self._non_finite_in_a_row += 1
-        if policy == "stop" or self._non_finite_in_a_row > MAX_NON_FINITE_IN_A_ROW:
-            why = "resilience.on_nan: stop" if policy == "stop" else f"{self._non_finite_in_a_row} steps in a row"
-            raise NonFiniteLoss(f"{what} ({why})")
+        what = f"{s.problem} at step {s.step + 1}"
+        self._bad_in_a_row += 1
+        if policy == "stop" or self._bad_in_a_row > MAX_BAD_IN_A_ROW:
+            why = "resilience.on_nan: stop" if policy == "stop" else f"{self._bad_in_a_row} bad steps in a row"
+            raise BadLoss(f"{what} ({why})")
         if policy == "rollback" and s.step not in self._rolled_back:
             self.checkpoints.wait()
             if (latest := self.checkpoints.latest_valid()) is not None:
@@ -272,10 +277,12 @@ class Trainer:
                     self.data, self.train.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step
                 )
                 self._say(f"{what}: rolled back to the checkpoint of step {latest.step}, replaying from it")
-                self.ctx.event("nan_rollback", step=s.step + 1, to_step=latest.step, loss=s.loss)
+                self.ctx.event(
+                    "bad_step_rollback", step=s.step + 1, to_step=latest.step, loss=s.loss, problem=s.problem
+                )
                 return True
         self._say(f"{what}: batch skipped (resilience.on_nan: {policy})")
-        self.ctx.event("nan_skipped", step=s.step + 1, loss=s.loss, policy=policy)
+        self.ctx.event("bad_step_skipped", step=s.step + 1, loss=s.loss, problem=s.problem, policy=policy)
         return False
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
