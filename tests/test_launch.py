@@ -111,24 +111,13 @@ def test_plain_torchrun_script_runs_unchanged_and_matches_torchrun(job: Job, tmp
     )
     result = job.run(spec)
     assert result.returncode == 0, result.stdout + result.stderr
-    torchrun = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(script),
-            "--steps",
-            "20",
-            "--out",
-            str(theirs),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    reference = [*argv, "--steps", "20", "--out", str(theirs)]
+    torchrun = subprocess.run(reference, capture_output=True, text=True, timeout=120)
+    if torchrun.returncode != 0 and "terminate called without an active exception" in torchrun.stderr:
+        # The reference, not phalanx: torch's gloo teardown occasionally aborts a worker at exit (seen once
+        # in this session's CI runs). Run the reference again rather than fail on torch's flake.
+        torchrun = subprocess.run(reference, capture_output=True, text=True, timeout=120)
     assert torchrun.returncode == 0, torchrun.stderr
     a, b = torch.load(ours), torch.load(theirs)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

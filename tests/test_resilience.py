@@ -344,6 +344,8 @@ def test_capacity_excludes_a_slot_only_after_failures_in_a_row() -> None:
     assert capacity.regrow() == [2] and capacity.slots == [0, 1, 2, 3]
     assert capacity.after_failure(2) == 2  # on probation: its first failure leaves it out again
     assert capacity.regrow_after_s == 20.0
+    capacity.keep(2)
+    assert capacity.slots == [0, 1, 2, 3]
     off = Capacity(2, allow_shrink=False, min_procs=1)
     assert off.after_failure(1) is None and off.after_failure(1) is None and off.slots == [0, 1]
 

@@ -177,8 +177,7 @@ class Supervisor:
         try:
             self.attempt_spec = resized(self.spec, procs)
         except SpecError as e:
-            self.capacity.slots.append(slot)
-            self.capacity.slots.sort()
+            self.capacity.keep(slot)
             self.say(f"cannot shrink to {procs} process(es): {'; '.join(map(str, e.issues))}; keeping all of them")
             return
         self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"

@@ -46,6 +46,10 @@ class Capacity:
         self._streak = (None, 0)
         return slot
 
+    def keep(self, slot: int) -> None:
+        """Undo the exclusion of ``slot`` (the job cannot run without it)."""
+        self.slots = sorted({*self.slots, slot})
+
     def regrow(self) -> list[int]:
         """Take every left-out slot back, on probation; the wait before the next regrow doubles. Returns them."""
         back = sorted(set(range(self.full)) - set(self.slots))
