@@ -181,7 +181,8 @@ class Trainer:
         # Before the update, every rank learns the step's loss and whether some rank was asked to stop, so all
         # of them agree on whether to apply it and where to stop. Every rank of a tensor-parallel group holds
         # the same loss, so the mean over all ranks is the data-parallel mean.
-        totals = torch.stack([loss_sum / self.accum_steps, torch.tensor(float(self._preempted_at is not None))])
+        stopping = torch.tensor(float(self._preempted_at is not None), device=self.ctx.device)
+        totals = torch.stack([loss_sum / self.accum_steps, stopping])
         dist.all_reduce(totals)
         loss_sum, stopping = totals.tolist()
         loss_mean, norm = loss_sum / self.ctx.world_size, grad_norm.item()
