@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,14 @@ class CheckpointDir:
                 return f"{name} is {size} bytes, the manifest says {meta['size']}"
             if sha256_file(f, self.fs) != meta["sha256"]:
                 return f"{name} does not match its sha256 in the manifest (corrupt)"
+        return None
+
+    def latest_valid(self, skipped: Callable[[int, str], None] = lambda step, why: None) -> int | None:
+        """The newest step whose checkpoint verifies; each newer one that does not is passed to ``skipped``."""
+        for step in reversed(self.steps()):
+            if (problem := self.verify(step)) is None:
+                return step
+            skipped(step, problem)
         return None
 
     def remove(self, step: int) -> None:

@@ -116,15 +116,25 @@ def hf_config(model: dict[str, Any], dtype: str) -> dict[str, Any]:
     }
 
 
-def export_hf(checkpoints: CheckpointDir, step: int, out: Path, dtype: str = "float32") -> list[Path]:
-    """Write ``out/model.safetensors`` and ``out/config.json`` for the checkpoint of ``step``; returns them."""
+def export_hf(
+    checkpoints: CheckpointDir, step: int | None, out: Path, dtype: str = "float32"
+) -> tuple[int, list[Path]]:
+    """Write ``out/model.safetensors`` and ``out/config.json`` for the checkpoint of ``step`` (default: the
+    latest valid one); returns the step and the files."""
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if (problem := checkpoints.verify(step)) is not None:
+    if step is None:
+        if (step := checkpoints.latest_valid()) is None:
+            raise ExportError(f"no valid checkpoint in {checkpoints}")
+    elif step not in (steps := checkpoints.steps()):
+        raise ExportError(
+            f"no checkpoint of step {step} in {checkpoints}; steps there: {', '.join(map(str, steps)) or 'none'}"
+        )
+    elif (problem := checkpoints.verify(step)) is not None:
         raise ExportError(f"{checkpoints.location(step)} is not a valid checkpoint: {problem}")
     model, weights = read_model(checkpoints, step)
     tensors = {k: v.to(DTYPES[dtype]).contiguous() for k, v in hf_state_dict(model, weights).items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(model, dtype), indent=2) + "\n")
-    return [out / "model.safetensors", out / "config.json"]
+    return step, [out / "model.safetensors", out / "config.json"]

@@ -155,12 +155,9 @@ class CheckpointManager:
         Rank 0 decides and tells the others, so every rank loads the same one."""
         found: list[int | None] = [None]
         if self.rank == 0:
-            for step in reversed(self.dir.steps()):
-                problem = self.dir.verify(step)
-                if problem is None:
-                    found[0] = step
-                    break
-                self.log(f"checkpoint {self.dir.location(step)} skipped: {problem}")
+            found[0] = self.dir.latest_valid(
+                lambda step, why: self.log(f"checkpoint {self.dir.location(step)} skipped: {why}")
+            )
         dist.broadcast_object_list(found, src=0)
         return None if found[0] is None else CheckpointInfo(found[0], self.dir.location(found[0]))
 

@@ -172,21 +172,8 @@ def ckpt_export(
     from phalanx.checkpoint.export import ExportError, export_hf
 
     checkpoints = _checkpoints(path)
-    if step is None:
-        valid = [s for s in reversed(checkpoints.steps()) if checkpoints.verify(s) is None]
-        if not valid:
-            err.print(f"[bold red]cannot export[/]: no valid checkpoint in {checkpoints}", highlight=False)
-            raise typer.Exit(1)
-        step = valid[0]
-    elif step not in checkpoints.steps():
-        err.print(
-            f"[bold red]cannot export[/]: no checkpoint of step {step} in {checkpoints}; "
-            f"steps there: {', '.join(map(str, checkpoints.steps())) or 'none'}",
-            highlight=False,
-        )
-        raise typer.Exit(1)
     try:
-        files = export_hf(checkpoints, step, out, dtype)
+        step, files = export_hf(checkpoints, step, out, dtype)
     except ExportError as e:
         err.print(f"[bold red]cannot export[/]: {e}", highlight=False)
         raise typer.Exit(1) from None
@@ -211,7 +198,15 @@ def chaos(
     spike, or corrupt the newest checkpoint. Recovery is the job's: watch it in the run's output and events."""
     import random
 
-    from phalanx.resilience.chaos import FAULTS, ChaosError, current_attempt, inject, running_run, wait_for_step
+    from phalanx.resilience.chaos import (
+        FAULTS,
+        RANK_FAULTS,
+        ChaosError,
+        current_attempt,
+        inject,
+        running_run,
+        wait_for_step,
+    )
 
     if fault not in FAULTS:
         err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
@@ -225,7 +220,7 @@ def chaos(
                 err.print(f"[bold red]--at-step {at_step}[/]: give a step (20) or a range (10-30)", highlight=False)
                 raise typer.Exit(2)
             wait_for_step(target, draw.randint(int(low), int(high or low)), timeout_s)
-        if rank is None and fault not in ("nan", "spike", "corrupt"):
+        if rank is None and fault in RANK_FAULTS:
             rank = draw.randrange(len(current_attempt(target).pids))
         done = inject(target, fault, rank if rank is not None else 0, slow_s)
     except ChaosError as e:

@@ -26,7 +26,8 @@ from phalanx.obs import RunDir, read_jsonl
 from phalanx.spec import load_spec
 from phalanx.train.sdk import CHAOS_LOSS_KEY
 
-FAULTS = ("kill", "hang", "slow", "nan", "spike", "corrupt")
+RANK_FAULTS = ("kill", "hang", "slow")  # the faults that strike one rank
+FAULTS = (*RANK_FAULTS, "nan", "spike", "corrupt")
 TAKE_TIMEOUT_S = 60.0  # how long a loss fault may wait for the job's next step
 
 
