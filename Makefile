@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 
 BENCH  ?= .venv-bench
 
-.PHONY: install demo test bench-env clean
+.PHONY: install demo test bench bench-env clean
 
 install: $(STAMP)
 
@@ -25,14 +25,19 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples bench
 	$(PY) -m pytest -q
 
-# The peers of bench/data_loader.py in their own environment: mosaicml-streaming imports torchvision, and the
-# torchvision this machine can install pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv.
+# Every benchmark, each against its peer in the same run; writes bench/RESULTS.md (bench/run.py).
+bench: $(STAMP) $(BENCH)/.installed
+	$(PY) bench/run.py
+
+# The peers' environment. mosaicml-streaming imports torchvision, and the torchvision this machine can install
+# pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv. torchtitan 0.3.0 and torchft
+# 0.2.0 need a newer torch than .venv's too. phalanx goes in without its dependencies (it pins torch < 2.14).
 bench-env: $(BENCH)/.installed
 $(BENCH)/.installed:
 	python3 -m venv $(BENCH)
 	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0
-	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors
+	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0 torchtitan==0.3.0 torchft==0.2.0
+	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors matplotlib
 	$(BENCH)/bin/pip install --quiet --no-deps -e .
 	touch $@
 

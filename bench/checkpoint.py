@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import _torchrun
+from _report import Report
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -38,10 +39,11 @@ def launch(args: argparse.Namespace) -> None:
         f" micro_batch: 2, seq_len: 64, optimizer: {{warmup_steps: 10}}}}\n"
         "checkpoint: {every_steps: 1000000}\n"
     )
-    _torchrun.launch(__file__, spec, args.procs, [f"--rounds={args.rounds}", f"--steps-between={args.steps_between}"])
+    _torchrun.launch(__file__, spec, args, [f"--rounds={args.rounds}", f"--steps-between={args.steps_between}"])
 
 
 def worker(args: argparse.Namespace) -> None:
+    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
@@ -86,6 +88,7 @@ def worker(args: argparse.Namespace) -> None:
         return waited
 
     save_id = 0
+    first: dict[str, float] = {}
     for r in range(args.rounds + 1):
         for method in blocked:
             save_id += 1
@@ -109,34 +112,39 @@ def worker(args: argparse.Namespace) -> None:
                 shutil.rmtree(where)
             if r > 0 or args.rounds == 0:
                 blocked[method].append(took)
-            elif ctx.is_main:
-                print(f"  first save (one-time costs included), {method}: {took * 1e3:.1f} ms", flush=True)
+            else:
+                first[method] = took
         dist.barrier()
         started = time.perf_counter()
         trainer.train_step()
         overlapped["no save"].append(time.perf_counter() - started)
     if ctx.is_main:
-        size = committed[-1]["bytes"]
-        print(
-            f"\ncheckpoint: llama-debug dim {trainer.cfg.dim} x {trainer.cfg.n_layers} layers "
-            f"({trainer.cfg.num_params():,} params, "
-            f"{size / 2**20:.0f} MiB per checkpoint with AdamW state), FSDP2 over {ctx.world_size} rank(s) on "
-            f"{ctx.device.type}, {len(blocked['phalanx'])} timed saves per method, interleaved"
-        )
         med = {m: statistics.median(v) for m, v in blocked.items()}
-        for m, v in med.items():
-            print(f"  {m:<16} training blocked {v * 1e3:9.1f} ms per save (median)")
-        print(
-            "  phalanx write + hash + commit behind training: "
-            f"{statistics.median(c['write_s'] for c in committed):.2f} s (median)"
+        cfg = trainer.cfg
+        report = Report(
+            "Checkpoint blocking",
+            "python bench/checkpoint.py",
+            f"torch {torch.__version__}. llama-debug widened to dim {cfg.dim} x {cfg.n_layers} layers "
+            f"({cfg.num_params() / 1e6:.1f}M params, {committed[-1]['bytes'] / 2**20:.0f} MiB per checkpoint with "
+            f"the AdamW state), FSDP2 over {ctx.world_size} {ctx.device.type} rank(s), local disk. Each round saves "
+            f"the same training state by each method in turn, {args.steps_between} training steps after each "
+            f"save; {len(blocked['phalanx'])} timed rounds after one warm-up round, medians, rank 0.",
         )
-        for m, v in overlapped.items():
-            print(
-                f"  training step {'while ' + m + ' writes' if m != 'no save' else 'with no save running'}: "
-                f"{statistics.median(v) * 1e3:.0f} ms (median)"
-            )
-        print(f"  ratio phalanx / sync DCP       = {med['phalanx'] / med['sync DCP']:.3f}   (goal <= 0.05)")
-        print(f"  ratio phalanx / DCP async_save = {med['phalanx'] / med['DCP async_save']:.3f}   (goal <= 0.5)")
+        report.table(
+            ["method", "training blocked per save (median)", "first save"],
+            [[m, f"{med[m] * 1e3:.1f} ms", f"{first[m] * 1e3:.0f} ms" if m in first else "-"] for m in blocked],
+        )
+        report.ratio("phalanx / sync DCP, blocked per save", med["phalanx"] / med["sync DCP"], "<= 0.05")
+        report.ratio("phalanx / DCP async_save, blocked per save", med["phalanx"] / med["DCP async_save"], "<= 0.5")
+        steps_while = {m: f"{statistics.median(v) * 1e3:.0f} ms" for m, v in overlapped.items()}
+        report.note(
+            "Behind training: phalanx's write, sha256 of every file and commit took "
+            f"{statistics.median(c['write_s'] for c in committed):.2f} s (median). The training step that overlaps "
+            f"a background write took {steps_while['phalanx']} with phalanx and {steps_while['DCP async_save']} "
+            f"with DCP async_save, against {steps_while['no save']} with no save running (the write competes "
+            "with training for the CPU cores)."
+        )
+        report.finish(args.out)
     manager.close()
     dist.destroy_process_group(dcp_group)
     if ctx.is_main:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from _report import Report
 
 BATCH = 64
 
@@ -179,6 +180,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--batches", type=int, default=500, help="batches read for throughput")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "phalanx" / "bench")
+    parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     args = parser.parse_args()
     n, seq = args.samples, args.seq_len
     root = args.cache / f"tokens-{n}-{seq}"
@@ -189,8 +191,8 @@ def main() -> None:
     rows = []
     for name, open_at in [
         ("phalanx", phalanx_opener(ds_dir, seq)),
-        ("mosaicml-streaming 0.13", streaming_opener(mds)),
-        ("torchdata 0.11 StatefulDataLoader", torchdata_opener(ds_dir / "shard-00000.bin", n, seq)),
+        ("mosaicml-streaming", streaming_opener(mds)),
+        ("torchdata StatefulDataLoader", torchdata_opener(ds_dir / "shard-00000.bin", n, seq)),
     ]:
         rows.append(
             (
@@ -200,14 +202,27 @@ def main() -> None:
                 resume_latency(open_at, near_end),
             )
         )
-    ours = rows[0]
-    print(f"\ndata_loader: {n:,} samples of {seq + 1} tokens, batch {BATCH}, one process, shuffled")
-    print(f"{'loader':36} {'samples/s':>11} {'resume@640':>11} {'resume@' + format(near_end, ','):>16}")
-    for name, rate, early, late in rows:
-        print(f"{name:36} {rate:11,.0f} {early * 1e3:9.1f}ms {late * 1e3:14.1f}ms")
-    for name, rate, _, late in rows[1:]:
-        print(f"phalanx vs {name}: throughput {ours[1] / rate:.2f}x, resume near the end {late / ours[3]:.1f}x faster")
+    import streaming
+    import torch
+    import torchdata
 
+    ours = rows[0]
+    report = Report(
+        "Data loader",
+        "python bench/data_loader.py",
+        f"torch {torch.__version__}, mosaicml-streaming {streaming.__version__}, torchdata {torchdata.__version__}. "
+        f"{n:,} shuffled samples of {seq + 1} tokens (uint16), batch {BATCH}, one process, no loader worker "
+        "processes, the same tokens for every loader. Throughput is steady state (timed after the first batch); "
+        "resume is from nothing to the first batch after restoring the loader's state at that position.",
+    )
+    report.table(
+        ["loader", "samples/s", "resume at 640", f"resume at {near_end:,}"],
+        [[name, f"{rate:,.0f}", f"{early * 1e3:.1f} ms", f"{late * 1e3:.1f} ms"] for name, rate, early, late in rows],
+    )
+    for (name, rate, _, late), goals in zip(rows[1:], [(">= 2x", ">= 10x"), ("", "")], strict=True):
+        report.ratio(f"phalanx / {name}, throughput", ours[1] / rate, goals[0])
+        report.ratio(f"{name} / phalanx, resume time near the end", late / ours[3], goals[1])
+    report.finish(args.out)
 
 if __name__ == "__main__":
     main()

@@ -1,15 +1,20 @@
-"""Recovery from crashes: phalanx against torchrun --max-restarts with periodic DCP checkpoints, same job.
+"""Recovery from crashes: phalanx against torchrun --max-restarts with periodic DCP checkpoints, and against
+torchft's per-step fault tolerance, on the same model and data.
 
-    .venv/bin/python bench/recovery.py [--steps 60] [--every 10] [--kill-at 25,45]
+    .venv/bin/python bench/recovery.py [--steps 60] [--every 10] [--kill-at 25,45] [--torchft-python PY]
 
-The job: llama-debug, FSDP2 over 2 CPU ranks, synthetic tokens, a checkpoint every ``--every`` steps.
-Each side runs it twice: once clean, once with rank 1 killed by SIGKILL when the job has done each of the
-``--kill-at`` steps. phalanx runs its recipe (async checkpoints, restart_backoff_s: 0 to match torchrun,
-which waits for nothing); the peer is a hand-written FSDP2 loop under ``torchrun --max-restarts``, saving with
-``dcp.save`` and resuming from its newest checkpoint, as one writes it with torch alone.
+The job: llama-debug on 2 CPU processes, synthetic tokens, global batch 8. Each side runs it twice: once
+clean, once with its second process killed by SIGKILL when the job has done each of the ``--kill-at`` steps.
 
-Printed per side: time from each kill to the first step completed after the restart, and goodput over the
-faulty run (its clean run's time / its own time), then the ratios phalanx / torchrun.
+- phalanx runs its recipe (FSDP2, async checkpoints every ``--every`` steps, restart_backoff_s: 0 to match
+  torchrun, which waits for nothing);
+- torchrun: a hand-written FSDP2 loop under ``torchrun --max-restarts``, saving with ``dcp.save`` and resuming
+  from its newest checkpoint, as one writes it with torch alone;
+- torchft (where it is installed, as in ``make bench-env``): DDP over two replica groups of one process, each
+  under its own torchrun, with a lighthouse; the survivor trains on, the restarted group heals from it.
+
+Reported per side: time from each kill to the next step the job completed, and goodput over the faulty run
+(its clean run's time / its own time), then phalanx's ratios to each peer.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import argparse
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _report import Report
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = (
@@ -146,38 +154,162 @@ def peer() -> None:
     dist.destroy_process_group()
 
 
+def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tuple[float, list[float]]:
+    """Two replica groups of one process each, each under its own ``torchrun --max-restarts``, coordinated
+    by a torchft lighthouse: the survivor of a kill trains on while the killed group restarts and heals from it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lighthouse_cmd = [str(Path(args.torchft_python).with_name("torchft_lighthouse")), "--min_replicas", "1"]
+    lighthouse = subprocess.Popen(
+        [*lighthouse_cmd, "--bind", f"127.0.0.1:{port}", "--join_timeout_ms", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    cmd = [args.torchft_python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    cmd.append("--max-restarts=10")
+    env = {
+        **os.environ,
+        "BENCH_WORK": str(work),
+        "BENCH_STEPS": str(args.steps),
+        "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
+        "OMP_NUM_THREADS": "1",  # one core per replica group, as the other sides' two ranks get
+    }
+    started = time.time()
+    try:
+        groups = [
+            subprocess.Popen(
+                [*cmd, __file__, "--torchft-peer"],
+                env={**env, "REPLICA_GROUP_ID": str(r)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=REPO,
+            )
+            for r in range(2)
+        ]
+        recoveries = _drive(groups[0], work / "steps.jsonl", lambda: int((work / "pid-1").read_text()), kill_at)
+        assert groups[1].wait(timeout=120) == 0, "replica group 1 failed"
+    finally:
+        lighthouse.kill()
+    return time.time() - started, recoveries
+
+
+def torchft_peer() -> None:
+    """One torchft replica group: the same model and data as the other sides, DDP across the replica groups
+    through torchft's Manager; replica 0 logs each committed step."""
+    from datetime import timedelta
+
+    import torch
+    import torch.nn.functional as F
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    from phalanx.data.synthetic import SyntheticTokens
+    from phalanx.train.models.llama import PRESETS, Llama
+
+    work, steps = Path(os.environ["BENCH_WORK"]), int(os.environ["BENCH_STEPS"])
+    replica = int(os.environ["REPLICA_GROUP_ID"])
+    (work / f"pid-{replica}").write_text(str(os.getpid()))
+    torch.manual_seed(1234)
+    model = Llama(PRESETS["llama-debug"])
+    inner = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=True)
+
+    def load_state_dict(state: dict) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
+        replica_id=f"bench_{replica}",
+        timeout=timedelta(seconds=10),
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner)
+    data = SyntheticTokens(PRESETS["llama-debug"].vocab_size, 64, 1234)
+    while (step := manager.current_step()) < steps:
+        optimizer.zero_grad()  # starts the step's quorum; a restarted group heals from a live peer here
+        batch = data.local_batch(step, 8, replica, 2)
+        loss = F.cross_entropy(ddp(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()  # commits only if every member of the quorum finished the step
+        if replica == 0 and manager.current_step() > step:
+            with (work / "steps.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, "ts": time.time(), "replicas": manager.num_participants()}) + "\n")
+    manager.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--kill-at", default="25,45")
+    parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--torchft-python",
+        default=str(REPO / ".venv-bench" / "bin" / "python"),
+        help="an interpreter with torchft (its torch is newer than phalanx's; `make bench-env`)",
+    )
+    parser.add_argument("--torchft-peer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
         peer()
         return
+    if args.torchft_peer:
+        torchft_peer()
+        return
     kill_at = [int(s) for s in args.kill_at.split(",")]
+    sides = {"phalanx": run_phalanx, "torchrun --max-restarts + DCP": run_torchrun}
+    missing = []
+    probe = [args.torchft_python, "-c", "import torchft, torch; print(torch.__version__)"]
+    found = subprocess.run(probe, capture_output=True, text=True) if Path(args.torchft_python).is_file() else None
+    torchft_torch = found.stdout.strip() if found is not None and found.returncode == 0 else None
+    if torchft_torch is not None:
+        sides["torchft (2 replica groups, live healing)"] = run_torchft
+    else:
+        missing.append(f"torchft: {args.torchft_python} has no torchft (`make bench-env` installs it)")
     results = {}
-    for name, side in (("phalanx", run_phalanx), ("torchrun", run_torchrun)):
+    for name, side in sides.items():
         with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
             clean_s, _ = side(Path(clean), args, [])
             faulty_s, recoveries = side(Path(faulty), args, kill_at)
         results[name] = (clean_s, faulty_s, recoveries)
-        print(
-            f"  {name:<9} clean {clean_s:6.1f} s | with {len(kill_at)} kills {faulty_s:6.1f} s | "
-            f"kill -> next step {', '.join(f'{r:.2f}' for r in recoveries)} s | goodput {clean_s / faulty_s:.1%}",
-            flush=True,
-        )
-    (pc, pf, pr), (tc, tf, tr) = results["phalanx"], results["torchrun"]
-    print(
-        f"\nrecovery: llama-debug, FSDP2 over 2 CPU ranks, {args.steps} steps, checkpoint every {args.every}, "
-        f"rank 1 killed at steps {args.kill_at}"
+        print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
+    import torch
+
+    report = Report(
+        "Recovery from crashes",
+        "python bench/recovery.py",
+        f"torch {torch.__version__}. llama-debug (4.2M params) on 2 CPU processes, synthetic tokens, global batch "
+        f"8 x 64 tokens, {args.steps} steps. Each side runs the job clean, then again with its second process "
+        f"killed by SIGKILL when the job has done steps {args.kill_at}. phalanx: its recipe (FSDP2, async "
+        f"checkpoints every {args.every} steps, `restart_backoff_s: 0`). torchrun: a hand-written FSDP2 loop "
+        f"under `torchrun --standalone --max-restarts=10`, `dcp.save` every {args.every} steps and a resume from "
+        "the newest at start. torchft: the same model as DDP over 2 replica groups of one process, each under "
+        "its own torchrun, coordinated by a torchft lighthouse; no checkpoints (a restarted group heals from "
+        "the live one, and until it is back the survivor trains on its own half of the batch)"
+        + (f", with the benchmark environment's torch {torchft_torch}" if torchft_torch else "")
+        + ". One run of each side.",
     )
-    print(
-        f"  time from kill to the next step, median: phalanx {statistics.median(pr):.2f} s, "
-        f"torchrun {statistics.median(tr):.2f} s, ratio {statistics.median(pr) / statistics.median(tr):.2f}x"
+    report.table(
+        ["side", "clean run", f"with {len(kill_at)} kills", "kill -> next step completed", "goodput (clean / faulty)"],
+        [
+            [name, f"{c:.1f} s", f"{f:.1f} s", ", ".join(f"{r:.2f} s" for r in rec), f"{c / f:.1%}"]
+            for name, (c, f, rec) in results.items()
+        ],
     )
-    print(f"  goodput with failures: phalanx {pc / pf:.1%}, torchrun {tc / tf:.1%}, ratio {(pc / pf) / (tc / tf):.2f}x")
+    (pc, pf, pr) = results["phalanx"]
+    for name, (c, f, rec) in list(results.items())[1:]:
+        goal = "< 1x" if name.startswith("torchrun") else ""
+        recovery = statistics.median(pr) / statistics.median(rec)
+        report.ratio(f"phalanx / {name}, kill -> next step (median)", recovery, goal)
+        report.ratio(f"phalanx / {name}, goodput with failures", (pc / pf) / (c / f), "> 1x" if goal else "")
+    for why in missing:
+        report.note(f"Not measured: {why}.")
+    report.finish(args.out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Launches itself under torchrun (so both loops see the same launcher), builds bot
 times them interleaved, round by round, so that machine noise falls on both alike. phalanx's step includes
 everything it does per step (metrics to the run directory, heartbeat, the progress line); the plain loop does
 what a careful hand-written loop does (accumulation, clipping, AdamW, LR schedule, the loss all-reduced and
-read back). Prints the median step times and their ratio; the goal is <= 1.03x.
+read back). Prints the median step times and their ratio (markdown; also to ``--out``); the goal is <= 1.03x.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import statistics
 import time
 
 import _torchrun
+from _report import Report
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -26,9 +27,7 @@ def launch(args: argparse.Namespace) -> None:
         f" global_batch: {args.global_batch}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},"
         f" optimizer: {{warmup_steps: 10}}}}\ncheckpoint: {{every_steps: 1000000}}\n"
     )
-    _torchrun.launch(
-        __file__, spec, args.procs, [f"--rounds={args.rounds}", f"--steps-per-round={args.steps_per_round}"]
-    )
+    _torchrun.launch(__file__, spec, args, [f"--rounds={args.rounds}", f"--steps-per-round={args.steps_per_round}"])
 
 
 def plain_loop(ctx, spec):
@@ -80,6 +79,7 @@ def plain_loop(ctx, spec):
 
 
 def worker(args: argparse.Namespace) -> None:
+    import torch
     import torch.distributed as dist
 
     import phalanx
@@ -103,13 +103,25 @@ def worker(args: argparse.Namespace) -> None:
                 times[name].append(time.perf_counter() - started)
     if ctx.is_main:
         ours, theirs = statistics.median(times["phalanx"]), statistics.median(times["plain"])
-        print(
-            f"\nstep_overhead: {ctx.spec.train.model.preset}, FSDP2 over {ctx.world_size} rank(s) on "
-            f"{ctx.device.type}, {len(times['plain'])} timed steps per side, interleaved"
+        t, cfg = ctx.spec.train, trainer.cfg
+        report = Report(
+            "Step overhead",
+            "python bench/step_overhead.py",
+            f"torch {torch.__version__}. {t.model.preset} ({cfg.num_params() / 1e6:.1f}M params), FSDP2 over "
+            f"{ctx.world_size} {ctx.device.type} rank(s), global batch {t.global_batch} x {t.seq_len} tokens, "
+            f"micro-batch {t.micro_batch}. {len(times['plain'])} timed steps per side after 3 warm-up steps, "
+            f"interleaved in rounds of {args.steps_per_round}; medians. The peer is a hand-written plain PyTorch "
+            "FSDP2 loop (accumulation, clipping, AdamW, LR schedule, the loss all-reduced and read back).",
         )
-        print(f"  plain PyTorch loop   median step {theirs * 1e3:8.2f} ms")
-        print(f"  phalanx Trainer      median step {ours * 1e3:8.2f} ms")
-        print(f"  ratio phalanx / plain = {ours / theirs:.3f}x   (goal <= 1.03x)")
+        report.table(
+            ["loop", "median step"],
+            [
+                ["plain PyTorch FSDP2 loop", f"{theirs * 1e3:.2f} ms"],
+                ["phalanx Trainer (metrics file, heartbeat, step line included)", f"{ours * 1e3:.2f} ms"],
+            ],
+        )
+        report.ratio("phalanx / plain loop, step time", ours / theirs, "<= 1.03x")
+        report.finish(args.out)
     ctx.close()
 
 

@@ -175,3 +175,26 @@ def test_hang_is_detected_stacks_are_dumped_and_the_job_restarts(job: Job) -> No
     assert "in stuck" in stacks and "flaky.py" in stacks  # the hung rank's own Python stack
     assert "barrier" in (job.run_dir() / "logs" / "rank-0.stacks.txt").read_text()  # rank 0 waits for it
     assert "[rank0]: attempt 1 done" in result.stdout
+
+
+def test_own_script_example_resumes_from_its_checkpoint_with_the_same_losses(job: Job, tmp_path: Path) -> None:
+    """examples/own_script.py (docs/sdk.md): stopped at step 40 and run again to 60, it continues from its
+    checkpoint with the losses of a run that never stopped."""
+
+    def run(name: str, steps: int) -> tuple[str, dict[int, float]]:
+        spec = job.spec(
+            f"name: {name}\nresources: {{procs_per_node: 2, device: cpu}}\n"
+            f'command: [python, "{REPO / "examples" / "own_script.py"}", --steps, "{steps}"]\n'
+            f"checkpoint: {{dir: '{tmp_path / name / 'ckpt'}', every_steps: 20}}\n"
+        )
+        result = job.run(spec)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run_dir = max((job.runs / name).iterdir())  # the newest run of this job
+        return result.stdout, {m["step"]: m["loss"] for m in read_jsonl(run_dir / "metrics.jsonl")}
+
+    _, straight = run("straight", 60)
+    _, first = run("stopped", 40)
+    said, second = run("stopped", 60)
+    assert "rank 0: resumed at step 40" in said and "rank 1: resumed at step 40" in said
+    assert sorted(first) == list(range(40)) and sorted(second) == list(range(40, 60))
+    assert {**first, **second} == straight

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -128,7 +129,12 @@ def test_random_kills_and_a_hang_end_bitwise_identical(job: Job, tmp_path: Path)
     spent = ledger["seconds"]
     assert sum(spent.values()) == pytest.approx(ledger["wall_s"], rel=0.01)
     assert spent["lost"] > 0 and spent["recovery"] > 0 and spent["detection"] >= 3.0  # hang_timeout_s: 3
-    assert f"goodput {ledger['goodput']:.1%}" in out
+    # The end summary names each restart's cause; the loss curve is drawn, an attempt a line.
+    said = out[out.index("── phalanx run") :]
+    assert f"{ledger['goodput']:.1%} of" in said and "restarts   3:" in said
+    causes = re.findall(r"^ +(\d)\. rank \d (was killed by SIGKILL|hung)", said, re.MULTILINE)
+    assert causes == [("1", "was killed by SIGKILL"), ("2", "was killed by SIGKILL"), ("3", "hung")]
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _chaos(job: Job, *args: str) -> subprocess.Popen[str]:

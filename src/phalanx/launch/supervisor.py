@@ -23,7 +23,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,8 +32,12 @@ from torch.distributed import TCPStore
 
 from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
 from phalanx.obs import EventLog
+from phalanx.obs.console import Console
 from phalanx.obs.goodput import write_ledger
+from phalanx.obs.plot import plot_loss
+from phalanx.obs.progress import Progress, step_line
 from phalanx.obs.rundir import RunDir
+from phalanx.obs.summary import summary
 from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s, classify_exit, hang
 from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, resized
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
@@ -101,8 +104,10 @@ class Supervisor:
         self.spec = spec
         self.device = resolve_device(spec.resources.device, spec.resources.procs_per_node)
         self.run_dir = RunDir.create(runs_root, spec.name)
-        self.console = console
-        self.console_lock = threading.Lock()
+        self.console = Console(console)
+        self.progress = Progress(self.run_dir.metrics, spec.train.steps if spec.train is not None else None)
+        self.started = time.monotonic()
+        self.restarts = 0
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
@@ -112,9 +117,14 @@ class Supervisor:
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
 
     def say(self, message: str) -> None:
-        with self.console_lock:
-            self.console.write(f"[phalanx] {message}\n")
-            self.console.flush()
+        self.console.line(f"[phalanx] {message}")
+
+    def _show_progress(self) -> None:
+        """New steps: on a terminal into the live status line; elsewhere as a line each."""
+        for record in self.progress.poll():
+            if not self.console.live:
+                self.console.line(step_line(record, self.progress.total_steps))
+        self.console.status(self.progress.status(time.monotonic() - self.started, self.restarts))
 
     def run(self) -> RunResult:
         self.run_dir.spec.write_text(dump_spec(self.spec))
@@ -126,10 +136,20 @@ class Supervisor:
             argv=worker_argv(self.spec),
         )
         with self._forwarded_signals():
-            result = self._attempts()
+            try:
+                result = self._attempts()
+            finally:
+                self._show_progress()
+                self.console.end_status()
         self.events.emit("run_finished", **asdict(result))
         self.run_dir.result.write_text(json.dumps(asdict(result), indent=2) + "\n")
-        self.say(write_ledger(self.run_dir).summary())
+        ledger = write_ledger(self.run_dir)
+        try:
+            plot = plot_loss(self.run_dir)
+        except Exception as e:  # a plot is a convenience: it never fails a run that ran
+            self.say(f"no loss curve: {type(e).__name__}: {e}")
+            plot = None
+        self.console.show(summary(self.run_dir, ledger, self.progress.total_steps, plot))
         return result
 
     def _attempts(self) -> RunResult:
@@ -152,12 +172,17 @@ class Supervisor:
             if restarts >= policy.max_restarts:
                 self.say(f"not restarting: all {policy.max_restarts} restart(s) of resilience.max_restarts used")
                 return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
-            restarts += 1
+            restarts = self.restarts = restarts + 1
             self._maybe_shrink(result.failed_rank, attempt)
             wait = backoff_s(restarts, policy.restart_backoff_s)
             self.say(f"restart {restarts}/{policy.max_restarts} in {wait:g} s, from the last valid checkpoint")
             self.events.emit(
-                "restart_scheduled", restart=restarts, backoff_s=wait, failure=failure.kind, cause=failure.why
+                "restart_scheduled",
+                restart=restarts,
+                backoff_s=wait,
+                failure=failure.kind,
+                cause=failure.why,
+                reason=result.reason,
             )
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline and not self._signals:
@@ -210,7 +235,7 @@ class Supervisor:
         store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
         )
-        group = WorkerGroup(self._workers(attempt, store.port), self.console, self.console_lock)
+        group = WorkerGroup(self._workers(attempt, store.port), self.console.line)
         self.say(
             (f"run {self.run_dir.run_id}" if attempt == 0 else f"attempt {attempt}")
             + f": {len(group.workers)} worker(s) on {self.device}, logs in {self.run_dir.logs}"
@@ -226,6 +251,7 @@ class Supervisor:
         self.stragglers.reset()
         next_hang_check = time.monotonic()
         while True:
+            self._show_progress()
             if self._signals:
                 return self._stop_on_signal(group), None
             failed = [w for w in group.exited() if w.returncode != 0]

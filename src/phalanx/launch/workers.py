@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 
 @dataclass
@@ -45,10 +44,10 @@ def describe_exit(returncode: int) -> str:
 
 
 class WorkerGroup:
-    def __init__(self, workers: Sequence[Worker], console: TextIO, console_lock: threading.Lock):
+    def __init__(self, workers: Sequence[Worker], show: Callable[[str], None]):
+        """``show``: puts a line of output on the console (safe from any thread)."""
         self.workers = list(workers)
-        self._console = console
-        self._console_lock = console_lock
+        self._show = show
 
     def start(self, header: str) -> None:
         for w in self.workers:
@@ -82,9 +81,7 @@ class WorkerGroup:
             for raw in w.proc.stdout:
                 log.write(raw)
                 log.flush()
-                with self._console_lock:
-                    self._console.write(prefix + raw.decode(errors="replace").rstrip("\n") + "\n")
-                    self._console.flush()
+                self._show(prefix + raw.decode(errors="replace").rstrip("\n"))
 
     def exited(self) -> list[Worker]:
         """Workers whose exit has been seen, earliest first."""

@@ -47,6 +47,15 @@ class Ledger:
         return {"wall_s": self.wall_s, "goodput": self.goodput, "seconds": self.seconds}
 
 
+def steps_by_attempt(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Rank 0's step records grouped by the attempt that wrote them (the last attempt started before each)."""
+    attempts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for m in metrics:
+        grouped[sum(1 for ts in attempts if ts <= m["ts"]) - 1].append(m)
+    return grouped
+
+
 def ledger(run: RunDir) -> Ledger:
     events = list(read_jsonl(run.events))
     metrics = list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
@@ -59,9 +68,7 @@ def ledger(run: RunDir) -> Ledger:
     # Each step execution's interval, by attempt; the last execution of a step index is the one kept.
     executions: list[tuple[int, float, dict[str, Any]]] = []  # (attempt, interval start, metrics)
     last_of: dict[int, int] = {}
-    by_attempt: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for m in metrics:
-        by_attempt[sum(1 for ts in attempts if ts <= m["ts"]) - 1].append(m)
+    by_attempt = steps_by_attempt(events, metrics)
     for attempt in sorted(by_attempt):
         previous_end = None
         for m in by_attempt[attempt]:

@@ -21,9 +21,13 @@ class Strict(BaseModel):
 
 
 class Resources(Strict):
-    nodes: PositiveInt = 1
-    procs_per_node: PositiveInt = 1
-    device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where the job runs: how many worker processes, on which device."""
+
+    nodes: PositiveInt = Field(default=1, description="machines; `phalanx run` runs one (1)")
+    procs_per_node: PositiveInt = Field(default=1, description="worker processes per machine: one per GPU on CUDA")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="auto", description="auto: cuda when this machine has CUDA devices, else cpu (gloo)"
+    )
 
     @property
     def world_size(self) -> int:
@@ -33,21 +37,30 @@ class Resources(Strict):
 class ModelSpec(Strict):
     """A preset name, optionally with architecture fields overriding the preset's."""
 
-    preset: str = "llama-debug"
-    dim: PositiveInt | None = None
-    n_layers: PositiveInt | None = None
-    n_heads: PositiveInt | None = None
-    n_kv_heads: PositiveInt | None = None
-    vocab_size: PositiveInt | None = None
+    preset: str = Field(
+        default="llama-debug",
+        description="llama-tiny, llama-debug, llama3-1b, llama3-3b, llama3-8b or llama3-70b (train/models/llama.py)",
+    )
+    dim: PositiveInt | None = Field(default=None, description="model width; default: the preset's")
+    n_layers: PositiveInt | None = Field(default=None, description="transformer blocks; default: the preset's")
+    n_heads: PositiveInt | None = Field(default=None, description="attention heads; default: the preset's")
+    n_kv_heads: PositiveInt | None = Field(
+        default=None, description="key/value heads (grouped-query attention); default: the preset's"
+    )
+    vocab_size: PositiveInt | None = Field(
+        default=None, description="default: the preset's; must hold the vocabulary of the data it trains on"
+    )
     tie_embeddings: bool | None = Field(default=None, description="share the input embedding and output weights")
 
 
 class Parallel(Strict):
     """Degrees of the device mesh; ``dp_shard: -1`` takes whatever the world size leaves."""
 
-    dp_replicate: PositiveInt = 1
-    dp_shard: Annotated[int, Field(ge=-1)] = -1
-    tp: PositiveInt = 1
+    dp_replicate: PositiveInt = Field(default=1, description="data-parallel replicas; > 1 with dp_shard > 1 is HSDP")
+    dp_shard: Annotated[int, Field(ge=-1)] = Field(
+        default=-1, description="FSDP2 sharding degree; -1: the world size / (dp_replicate x tp)"
+    )
+    tp: PositiveInt = Field(default=1, description="tensor-parallel degree (Megatron-style, sequence-parallel norms)")
 
     @model_validator(mode="after")
     def _shard_not_zero(self) -> Parallel:
@@ -67,14 +80,22 @@ class Parallel(Strict):
 
 
 class Optimizer(Strict):
-    lr: PositiveFloat = 3.0e-4
-    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
-    warmup_steps: Annotated[int, Field(ge=0)] = 20
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    weight_decay: Annotated[float, Field(ge=0.0)] = 0.1
-    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.95)
-    eps: PositiveFloat = 1.0e-8
-    grad_clip: Annotated[float, Field(ge=0.0)] = 1.0
+    """AdamW with a warmup and a decay schedule."""
+
+    lr: PositiveFloat = Field(default=3.0e-4, description="peak learning rate, reached at the end of the warmup")
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=0.1, description="the schedule decays to lr x this by the last step"
+    )
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(default=20, description="linear warmup from 0; at most steps")
+    schedule: Literal["cosine", "linear", "constant"] = Field(default="cosine", description="decay after the warmup")
+    weight_decay: Annotated[float, Field(ge=0.0)] = Field(default=0.1, description="AdamW's decoupled weight decay")
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
+        default=(0.9, 0.95), description="AdamW's (beta1, beta2)"
+    )
+    eps: PositiveFloat = Field(default=1.0e-8, description="AdamW's epsilon")
+    grad_clip: Annotated[float, Field(ge=0.0)] = Field(
+        default=1.0, description="clip the global gradient norm to this; 0: no clipping"
+    )
 
 
 class Train(Strict):
@@ -82,15 +103,25 @@ class Train(Strict):
 
     model: ModelSpec = ModelSpec()
     parallel: Parallel = Parallel()
-    steps: PositiveInt = 200
-    global_batch: PositiveInt = 16
-    micro_batch: PositiveInt = 4
-    seq_len: PositiveInt = 256
+    steps: PositiveInt = Field(default=200, description="optimizer steps to train")
+    global_batch: PositiveInt = Field(
+        default=16, description="sequences per step, over all ranks; a multiple of micro_batch x the data-parallel size"
+    )
+    micro_batch: PositiveInt = Field(
+        default=4, description="sequences per forward pass per rank; fewer than the rank's share means accumulation"
+    )
+    seq_len: PositiveInt = Field(default=256, description="tokens per sequence")
     optimizer: Optimizer = Optimizer()
-    precision: Literal["fp32", "bf16"] = "fp32"
-    activation_checkpoint: Literal["off", "full", "selective"] = "off"
-    compile: bool = False
-    seed: int = 1234
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: FSDP2 bf16 parameters with fp32 gradient reduction (autocast on one rank)"
+    )
+    activation_checkpoint: Literal["off", "full", "selective"] = Field(
+        default="off",
+        description="recompute activations in backward: every block's (full), or all but matmul and "
+        "attention outputs (selective)",
+    )
+    compile: bool = Field(default=False, description="torch.compile each transformer block")
+    seed: int = Field(default=1234, description="model initialisation, synthetic data and the data order")
     peak_tflops: PositiveFloat | None = Field(
         default=None, description="peak dense TFLOP/s per device for MFU; default: the table in obs/metrics.py"
     )
@@ -98,10 +129,13 @@ class Train(Strict):
 
 class DataSource(Strict):
     path: str = Field(description="a prepared dataset directory (`phalanx data prepare`), or builtin:stdlib")
-    weight: PositiveFloat = 1.0
+    weight: PositiveFloat = Field(default=1.0, description="share of the blend (weights are normalised)")
 
 
 class Data(Strict):
+    """Tokenized datasets for the recipe, blended by weight in a deterministic order. Without `data:` the recipe
+    trains on learnable synthetic tokens."""
+
     sources: Annotated[list[DataSource], Field(min_length=1)]
     verify: Literal["full", "size"] = Field(
         default="full", description="check shards at start: sha256 and size (full), or size only (fast)"
@@ -109,14 +143,26 @@ class Data(Strict):
 
 
 class Checkpoint(Strict):
-    dir: str | None = Field(default=None, description="default: <run dir>/checkpoints")
-    every_steps: PositiveInt = 50
-    async_save: bool = Field(default=True, alias="async")
-    keep_last: PositiveInt = 3
-    keep_every: PositiveInt | None = None
+    """Sharded checkpoints of the recipe (torch DCP), committed atomically with a checksummed manifest."""
+
+    dir: str | None = Field(
+        default=None,
+        description="a local path or an fsspec URL (s3://...); a run resumes from its newest valid checkpoint. "
+        "Default: <run dir>/checkpoints",
+    )
+    every_steps: PositiveInt = Field(default=50, description="save every this many steps, and at the end")
+    async_save: bool = Field(
+        default=True, alias="async", description="copy to CPU and write behind training (false: training waits)"
+    )
+    keep_last: PositiveInt = Field(default=3, description="committed checkpoints kept, newest first")
+    keep_every: PositiveInt | None = Field(
+        default=None, description="also keep every checkpoint whose step is a multiple of this"
+    )
 
 
 class Resilience(Strict):
+    """What the supervisor does when a job fails, hangs, slows down or produces bad losses."""
+
     max_restarts: Annotated[int, Field(ge=0)] = Field(
         default=3, description="restarts after infrastructure failures (crashes, hangs); user errors are not retried"
     )
@@ -150,11 +196,13 @@ class Resilience(Strict):
 class JobSpec(Strict):
     """A job: either the built-in recipe (``train:``) or any script under supervision (``command:``)."""
 
-    name: Name
+    name: Name = Field(description="the job's name: runs go to <runs dir>/<name>/<run id>")
     resources: Resources = Resources()
     train: Train | None = None
-    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
-    env: dict[str, str] = {}
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = Field(
+        default=None, description="argv of a script to run on every rank; a leading python is this interpreter"
+    )
+    env: dict[str, str] = Field(default={}, description="extra environment variables for the workers")
     data: Data | None = None
     checkpoint: Checkpoint = Checkpoint()
     resilience: Resilience = Resilience()

@@ -46,6 +46,11 @@ class WorkerContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def supervised(self) -> bool:
+        """Run by `phalanx run`: its supervisor shows the job's progress from the metrics this rank reports."""
+        return "PHALANX_RUN_ID" in os.environ
+
     def heartbeat(self, step: int, compute_s: float | None = None) -> None:
         """Tell the supervisor this rank made progress (its failure report names the last step reported; a
         rank that stops reporting is hung). ``compute_s``, this rank's own compute in the step, lets it find

@@ -20,6 +20,7 @@ from phalanx.checkpoint import CheckpointManager
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
+from phalanx.obs.progress import step_line
 from phalanx.spec import SpecError, SpecIssue, dump_spec
 from phalanx.spec.model import Optimizer
 from phalanx.train.guard import LossGuard
@@ -206,29 +207,23 @@ class Trainer:
         per_device = tps / self.ctx.world_size
         util = mfu(self.flops_per_token, per_device, self.peak)
         mem = peak_memory_bytes(self.ctx.device)
-        self.ctx.report(
-            s.step,
-            loss=s.loss,
-            grad_norm=s.grad_norm,
-            lr=s.lr,
-            step_time_s=s.step_time_s,
-            data_wait_s=s.data_wait_s,
-            checkpoint_s=self._checkpoint_s,  # training blocked by checkpoints since the previous step's report
-            compute_s=self.compute.take(),  # this rank's own forward compute: in its heartbeat, for stragglers
-            tokens_per_s=tps,
-            tokens_per_s_per_device=per_device,
-            mfu=util,
-            peak_memory_bytes=mem,
-        )
+        figures = {
+            "loss": s.loss,
+            "grad_norm": s.grad_norm,
+            "lr": s.lr,
+            "step_time_s": s.step_time_s,
+            "data_wait_s": s.data_wait_s,
+            "checkpoint_s": self._checkpoint_s,  # training blocked by checkpoints since the previous report
+            "compute_s": self.compute.take(),  # this rank's own forward compute: in its heartbeat, for stragglers
+            "tokens_per_s": tps,
+            "tokens_per_s_per_device": per_device,
+            "mfu": util,
+            "peak_memory_bytes": mem,
+        }
+        self.ctx.report(s.step, **figures)
         self._checkpoint_s = 0.0
-        if self.ctx.is_main:
-            shown = f"{util:6.1%}" if util is not None else "   n/a"
-            print(
-                f"step {s.step + 1:>5}/{self.train.steps} | loss {s.loss:8.4f} | grad norm {s.grad_norm:7.3f} | "
-                f"lr {s.lr:.2e} | {tps:9.0f} tok/s | mfu {shown} | mem {mem / 2**30:5.2f} GiB | "
-                f"{s.step_time_s * 1e3:7.1f} ms",
-                flush=True,
-            )
+        if self.ctx.is_main and not self.ctx.supervised:  # under phalanx the supervisor shows the progress
+            print(step_line({"step": s.step, **figures}, self.train.steps), flush=True)
 
     def _say(self, message: str) -> None:
         if self.ctx.is_main:

@@ -1,0 +1,51 @@
+"""The supervisor's terminal: the supervisor's and the workers' lines scroll by; on a terminal a live status
+line (the job's progress) stays below them, redrawn in place. Off a terminal (a log file, CI) there is no
+live line: the progress comes as a line per step instead, which is what a log wants."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TextIO
+
+from rich.console import Console as RichConsole
+from rich.console import RenderableType
+from rich.live import Live
+from rich.text import Text
+
+
+class Console:
+    def __init__(self, out: TextIO = sys.stdout, live: bool | None = None):
+        """``live``: show the status line in place (default: when ``out`` is a terminal)."""
+        self.live = out.isatty() if live is None else live
+        self._rich = RichConsole(
+            file=out, markup=False, highlight=False, emoji=False, soft_wrap=True, force_terminal=self.live or None
+        )
+        self._lock = threading.Lock()
+        self._status: Live | None = None
+
+    def line(self, text: str) -> None:
+        """A line of output, above the status line if there is one. Safe from any thread."""
+        with self._lock:
+            self._rich.print(Text(text))
+
+    def show(self, renderable: RenderableType) -> None:
+        with self._lock:
+            self._rich.print(renderable)
+
+    def status(self, text: str) -> None:
+        """Set the live status line (ignored off a terminal)."""
+        if not self.live:
+            return
+        with self._lock:
+            if self._status is None:
+                self._status = Live(console=self._rich, transient=True, redirect_stdout=False, redirect_stderr=False)
+                self._status.start()
+            self._status.update(Text(text, style="bold"), refresh=True)
+
+    def end_status(self) -> None:
+        """Take the status line away (before the summary is shown in its place)."""
+        with self._lock:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None

@@ -1,0 +1,53 @@
+"""How a run ended, said once when it ends, from its run directory alone: the outcome, how far training got,
+each restart and its cause, where the time went (goodput), and where to look next."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.goodput import Ledger
+from phalanx.obs.progress import clock
+from phalanx.obs.rundir import RunDir
+
+OUTCOME_STYLE = {"succeeded": "bold green", "failed": "bold red", "stopped": "bold yellow"}
+
+
+def summary(run: RunDir, ledger: Ledger, total_steps: int | None, plot: Path | None) -> RenderableType:
+    result = json.loads(run.result.read_text())
+    events = list(read_jsonl(run.events))
+    last = None
+    if run.metrics.is_file():
+        last = next(iter(reversed(list(read_jsonl(run.metrics)))), None)
+    lines = [Text(f"── phalanx run {run.run_id} ──", style="bold")]
+
+    def row(label: str, *value: str | Text) -> None:
+        lines.append(Text.assemble((f"{label:<11}", "dim"), *value))
+
+    row(
+        "outcome",
+        (result["outcome"], OUTCOME_STYLE.get(result["outcome"], "bold")),
+        f" (exit code {result['exit_code']}): {result['reason']}",
+    )
+    if last is not None:
+        done = f"{last['step'] + 1}" + (f" of {total_steps}" if total_steps else "")
+        row("steps", done + (f", last loss {last['loss']:.4f}" if last.get("loss") is not None else ""))
+    restarts = [e for e in events if e["kind"] == "restart_scheduled"]
+    row("restarts", f"{len(restarts)}" + (":" if restarts else ""))
+    for e in restarts:
+        row("", f"  {e['restart']}. {e.get('reason') or e['cause']} ({e['failure']})")
+    for e in events:
+        if e["kind"] == "shrunk":
+            row("", f"  shrunk to {e['procs']} process(es) without slot {e['slot']}")
+        elif e["kind"] == "grown":
+            row("", f"  grew back to {e['procs']} process(es)")
+    row("wall time", clock(ledger.wall_s))
+    row("goodput", ledger.summary().removeprefix("goodput "))
+    if plot is not None:
+        row("loss curve", str(plot))
+    row("run dir", f"{run.root}  (logs/, metrics.jsonl, events.jsonl, goodput.json)")
+    return Group(*lines)
