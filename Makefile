@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 
 BENCH  ?= .venv-bench
 
-.PHONY: install demo test bench bench-env clean
+.PHONY: install demo test docs bench bench-env clean
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples bench
 	$(PY) -m pytest -q
+
+# The job spec reference is generated from the pydantic models; a test fails when it is stale.
+docs: $(STAMP)
+	$(PY) -m phalanx.spec.reference > docs/spec.md
 
 # Every benchmark, each against its peer in the same run; writes bench/RESULTS.md (bench/run.py).
 bench: $(STAMP) $(BENCH)/.installed

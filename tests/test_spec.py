@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,17 @@ def test_validate_command_reports_errors_with_exit_code_2(tmp_path) -> None:
     assert "train.global_batch: 12 is not a multiple" in result.stderr
     missing = _cli("validate", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "cannot read the file" in missing.stderr
+
+
+def test_the_spec_reference_in_docs_is_generated_from_the_models() -> None:
+    """docs/spec.md is `python -m phalanx.spec.reference`'s output: a field added or changed in the models
+    without `make docs` fails here, so the reference never drifts from what validation accepts."""
+    from phalanx.spec.model import JobSpec
+    from phalanx.spec.reference import SECTIONS_BY_MODEL, markdown
+
+    text = markdown()
+    assert (Path(__file__).resolve().parent.parent / "docs" / "spec.md").read_text() == text, "run `make docs`"
+    models = {"JobSpec", *JobSpec.model_json_schema()["$defs"]}
+    assert models == set(SECTIONS_BY_MODEL) and text.count("\n## `") == len(models)  # a section per model
+    assert "| `hang_timeout_s` | number > 0 \\| \"auto\" | `\"auto\"` |" in text
+    assert "| `async` | boolean | `true` |" in text  # the YAML key (alias), not the Python name
