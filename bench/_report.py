@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def shown(value: float) -> str:
+    """Three significant digits, without an exponent: 0.0232, 12.1, 1,055."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 @dataclass
 class Report:
     title: str  # "Step overhead"
@@ -34,7 +39,7 @@ class Report:
             parts.append("\n".join(lines))
         if self.ratios:
             lines = ["| ratio | value | goal |", "|---|---|---|"]
-            lines += [f"| {what} | **{value:.3g}{unit}** | {goal} |" for what, value, goal, unit in self.ratios]
+            lines += [f"| {what} | **{shown(value)}{unit}** | {goal} |" for what, value, goal, unit in self.ratios]
             parts.append("\n".join(lines))
         parts += self.notes
         return "\n\n".join(parts) + "\n"
