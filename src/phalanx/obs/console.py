@@ -23,11 +23,11 @@ class Console:
         )
         self._lock = threading.Lock()
         self._status: Live | None = None
+        self._shown = ""  # the status line's text: redrawn only when it changes
 
     def line(self, text: str) -> None:
         """A line of output, above the status line if there is one. Safe from any thread."""
-        with self._lock:
-            self._rich.print(Text(text))
+        self.show(Text(text))
 
     def show(self, renderable: RenderableType) -> None:
         with self._lock:
@@ -35,17 +35,19 @@ class Console:
 
     def status(self, text: str) -> None:
         """Set the live status line (ignored off a terminal)."""
-        if not self.live:
+        if not self.live or text == self._shown:
             return
         with self._lock:
             if self._status is None:
                 self._status = Live(console=self._rich, transient=True, redirect_stdout=False, redirect_stderr=False)
                 self._status.start()
             self._status.update(Text(text, style="bold"), refresh=True)
+            self._shown = text
 
     def end_status(self) -> None:
         """Take the status line away (before the summary is shown in its place)."""
         with self._lock:
             if self._status is not None:
                 self._status.stop()
+                self._shown = ""
                 self._status = None
