@@ -62,11 +62,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {kib / 2**20:.0f} GiB memory, {platform.system()} {platform.release()}"
 
 
-def run_one(script: str, python: str, out: Path, log: Path) -> tuple[bool, float]:
+def run_one(script: str, interpreter: str, out: Path, log: Path) -> tuple[bool, float]:
     started = time.monotonic()
     with log.open("w") as f:
         code = subprocess.call(
-            [python, str(BENCH / script), "--out", str(out)], stdout=f, stderr=subprocess.STDOUT, cwd=REPO
+            [interpreter, str(BENCH / script), "--out", str(out)], stdout=f, stderr=subprocess.STDOUT, cwd=REPO
         )
     return code == 0 and out.is_file(), time.monotonic() - started
 
@@ -81,7 +81,6 @@ def failed_section(script: str, log: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-python", default=str(REPO / ".venv-bench" / "bin" / "python"))
-    parser.add_argument("--only", nargs="*", help="run only these scripts (e.g. recovery.py)")
     parser.add_argument("--results", type=Path, default=BENCH / "RESULTS.md")
     args = parser.parse_args()
     pythons = {"main": sys.executable, "bench": args.bench_python}
@@ -91,13 +90,11 @@ def main() -> None:
     gpus = envs["bench"]["gpus"]
     sections, took = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        plan = [(s, pythons[env]) for s, env in BENCHMARKS if not args.only or s in args.only]
-        if gpus and (not args.only or "gpu.sh" in args.only):
-            plan.append(("gpu.sh", "bash"))
-        for script, python in plan:
+        plan = [(script, pythons[env]) for script, env in BENCHMARKS] + ([("gpu.sh", "bash")] if gpus else [])
+        for script, interpreter in plan:
             out, log = Path(tmp) / f"{script}.md", Path(tmp) / f"{script}.log"
             print(f"[bench] {script} ...", flush=True)
-            ok, seconds = run_one(script, python, out, log)
+            ok, seconds = run_one(script, interpreter, out, log)
             print(f"[bench] {script} {'done' if ok else 'FAILED'} in {seconds:.0f} s", flush=True)
             sections.append(out.read_text() if ok else failed_section(script, log))
             took.append(f"{script} {seconds:.0f} s")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console as RichConsole
 
-from phalanx.obs import EventLog, RunDir
+from phalanx.obs import EventLog, RunDir, read_jsonl
 from phalanx.obs.console import Console
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.plot import plot_loss
@@ -114,7 +114,8 @@ def test_summary_says_the_outcome_each_restart_and_the_goodput(tmp_path: Path) -
     ledger = write_ledger(run)
     plot = plot_loss(run)
     out = io.StringIO()
-    RichConsole(file=out, width=200).print(summary(run, ledger, 10, plot))
+    last = list(read_jsonl(run.metrics))[-1]
+    RichConsole(file=out, width=200).print(summary(run, ledger, last, 10, plot))
     said = out.getvalue()
     assert "succeeded (exit code 0): all workers exited" in said
     assert "steps      10 of 10, last loss 2.1000" in said

@@ -149,7 +149,7 @@ class Supervisor:
         except Exception as e:  # a plot is a convenience: it never fails a run that ran
             self.say(f"no loss curve: {type(e).__name__}: {e}")
             plot = None
-        self.console.show(summary(self.run_dir, ledger, self.progress.total_steps, plot))
+        self.console.show(summary(self.run_dir, ledger, self.progress.latest, self.progress.total_steps, plot))
         return result
 
     def _attempts(self) -> RunResult:

@@ -1,10 +1,11 @@
-"""How a run ended, said once when it ends, from its run directory alone: the outcome, how far training got,
+"""How a run ended, said once when it ends, from its run directory: the outcome, how far training got,
 each restart and its cause, where the time went (goodput), and where to look next."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -17,12 +18,12 @@ from phalanx.obs.rundir import RunDir
 OUTCOME_STYLE = {"succeeded": "bold green", "failed": "bold red", "stopped": "bold yellow"}
 
 
-def summary(run: RunDir, ledger: Ledger, total_steps: int | None, plot: Path | None) -> RenderableType:
+def summary(
+    run: RunDir, ledger: Ledger, last: dict[str, Any] | None, total_steps: int | None, plot: Path | None
+) -> RenderableType:
+    """``last``: the run's last step record (the supervisor followed metrics.jsonl; no need to read it again)."""
     result = json.loads(run.result.read_text())
     events = list(read_jsonl(run.events))
-    last = None
-    if run.metrics.is_file():
-        last = next(iter(reversed(list(read_jsonl(run.metrics)))), None)
     lines = [Text(f"── phalanx run {run.run_id} ──", style="bold")]
 
     def row(label: str, *value: str | Text) -> None:
