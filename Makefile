@@ -34,13 +34,14 @@ bench: $(STAMP) $(BENCH)/.installed
 	$(PY) bench/run.py
 
 # The peers' environment. mosaicml-streaming imports torchvision, and the torchvision this machine can install
-# pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv. torchtitan 0.3.0 and torchft
-# 0.2.0 need a newer torch than .venv's too. phalanx goes in without its dependencies (it pins torch < 2.14).
+# pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv. torchft 0.2.0 needs a newer torch
+# than .venv's too. torchtitan is 0.2.2, the release the lent GPU machine's torch 2.11 runs (bench/gpu.sh), so
+# that both places run the same peer. phalanx goes in without its dependencies (it pins torch < 2.14).
 bench-env: $(BENCH)/.installed
 $(BENCH)/.installed:
 	python3 -m venv $(BENCH)
 	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0 torchtitan==0.3.0 torchft==0.2.0
+	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0 torchtitan==0.2.2 torchft==0.2.0
 	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors matplotlib
 	$(BENCH)/bin/pip install --quiet --no-deps -e .
 	touch $@

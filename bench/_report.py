@@ -1,16 +1,45 @@
 """What a benchmark found, as markdown: a setup paragraph, tables, and ratios against the peer measured in the
-same run, each next to its goal. A script prints it; with ``--out`` it also writes it, for ``bench/run.py``
-to gather into bench/RESULTS.md."""
+same run, each with its median and range over the repeated runs and whether it met its goal. A script prints
+it; with ``--out`` it also writes it, for ``bench/run.py`` to gather into bench/RESULTS.md."""
 
 from __future__ import annotations
 
+import operator
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+COMPARE = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
+
 
 def shown(value: float) -> str:
-    """Three significant digits, without an exponent: 0.0232, 12.1, 1,055."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    """Three significant digits, without an exponent: 0.0232, 1.00, 12.1, 466, 1,055."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.3g}".rstrip(".")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    what: str
+    values: list[float]  # one per repeated run
+    goal: str = ""  # "<= 1.03", "> 1", ...: an operator and a bound, or none
+    unit: str = "x"
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def met(self) -> bool | None:
+        """Whether every run met the goal: a ratio whose range crosses its goal has not met it."""
+        if not self.goal:
+            return None
+        op, bound = self.goal.split()
+        return all(COMPARE[op](v, float(bound)) for v in self.values)
+
+    def row(self) -> str:
+        spread = f"{shown(min(self.values))} to {shown(max(self.values))}" if len(self.values) > 1 else "one run"
+        met = {None: "", True: "met", False: "**not met**"}[self.met()]
+        goal = f"{self.goal}{self.unit}" if self.goal else ""
+        return f"| {self.what} | **{shown(self.median)}{self.unit}** | {spread} | {goal} | {met} |"
 
 
 @dataclass
@@ -19,14 +48,15 @@ class Report:
     command: str  # how to run this benchmark alone
     setup: str  # what was measured, on what, how many times
     tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
-    ratios: list[tuple[str, float, str, str]] = field(default_factory=list)  # (what, value, goal, unit)
+    ratios: list[Ratio] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def table(self, headers: list[str], rows: list[list[object]]) -> None:
         self.tables.append((headers, [[str(cell) for cell in row] for row in rows]))
 
-    def ratio(self, what: str, value: float, goal: str = "", unit: str = "x") -> None:
-        self.ratios.append((what, value, goal, unit))
+    def ratio(self, what: str, values: float | list[float], goal: str = "", unit: str = "x") -> None:
+        """A ratio against the peer: one value per repeated run (the median and the range are shown)."""
+        self.ratios.append(Ratio(what, values if isinstance(values, list) else [values], goal, unit))
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -38,9 +68,8 @@ class Report:
             lines += ["| " + " | ".join(row) + " |" for row in rows]
             parts.append("\n".join(lines))
         if self.ratios:
-            lines = ["| ratio | value | goal |", "|---|---|---|"]
-            lines += [f"| {what} | **{shown(value)}{unit}** | {goal} |" for what, value, goal, unit in self.ratios]
-            parts.append("\n".join(lines))
+            lines = ["| ratio | median | range | goal | goal met |", "|---|---|---|---|---|"]
+            parts.append("\n".join(lines + [r.row() for r in self.ratios]))
         parts += self.notes
         return "\n\n".join(parts) + "\n"
 
@@ -51,3 +80,9 @@ class Report:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(text)
+
+
+def spread(values: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    """The median of repeated measurements, with their range: '438.5 (431.0 to 446.2)'."""
+    med, lo, hi = (fmt.format(v * scale) for v in (statistics.median(values), min(values), max(values)))
+    return med if len(values) == 1 else f"{med} ({lo} to {hi})"

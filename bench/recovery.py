@@ -1,7 +1,7 @@
 """Recovery from crashes: phalanx against torchrun --max-restarts with periodic DCP checkpoints, and against
 torchft's per-step fault tolerance, on the same model and data.
 
-    .venv/bin/python bench/recovery.py [--steps 60] [--every 10] [--kill-at 25,45] [--torchft-python PY]
+    .venv/bin/python bench/recovery.py [--steps 60] [--every 10] [--kill-at 25,45] [--repeats 3] [--torchft-python PY]
 
 The job: llama-debug on 2 CPU processes, synthetic tokens, global batch 8. Each side runs it twice: once
 clean, once with its second process killed by SIGKILL when the job has done each of the ``--kill-at`` steps.
@@ -13,8 +13,10 @@ clean, once with its second process killed by SIGKILL when the job has done each
 - torchft (where it is installed, as in ``make bench-env``): DDP over two replica groups of one process, each
   under its own torchrun, with a lighthouse; the survivor trains on, the restarted group heals from it.
 
-Reported per side: time from each kill to the next step the job completed, and goodput over the faulty run
-(its clean run's time / its own time), then phalanx's ratios to each peer.
+Every process of every side runs with the same number of threads (OMP_NUM_THREADS: the cores shared
+between the two processes a side runs at a time). Reported per side: time from each kill to the next step
+the job completed, and goodput over the faulty run (its clean run's time / its own time), then phalanx's
+ratios to each peer; the sides take turns, ``--repeats`` times, and each figure is the median with its range.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import Report
+from _report import Report, spread
 
 REPO = Path(__file__).resolve().parent.parent
+THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
 MODEL = (
     "train: {model: {preset: llama-debug}, steps: %d, global_batch: 8, micro_batch: 4, seq_len: 64,"
     " optimizer: {warmup_steps: 2}}"
@@ -75,7 +78,8 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
     runs = work / "runs"
     started = time.time()
     cmd = [sys.executable, "-m", "phalanx", "run", str(spec), "--runs-dir", str(runs)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    env = {**os.environ, "OMP_NUM_THREADS": THREADS}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     while not (runs / "bench").is_dir() or not list((runs / "bench").iterdir()):
         time.sleep(0.01)
     (run,) = (runs / "bench").iterdir()
@@ -89,7 +93,13 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
 
 
 def run_torchrun(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tuple[float, list[float]]:
-    env = {**os.environ, "BENCH_WORK": str(work), "BENCH_STEPS": str(args.steps), "BENCH_EVERY": str(args.every)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": THREADS,
+        "BENCH_WORK": str(work),
+        "BENCH_STEPS": str(args.steps),
+        "BENCH_EVERY": str(args.every),
+    }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=10"]
     started = time.time()
     proc = subprocess.Popen(
@@ -173,7 +183,7 @@ def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         "BENCH_WORK": str(work),
         "BENCH_STEPS": str(args.steps),
         "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
-        "OMP_NUM_THREADS": "1",  # one core per replica group, as the other sides' two ranks get
+        "OMP_NUM_THREADS": THREADS,  # each replica group is one process, as each rank of the other sides
     }
     started = time.time()
     try:
@@ -246,6 +256,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--kill-at", default="25,45")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -271,13 +282,14 @@ def main() -> None:
         sides["torchft (2 replica groups, live healing)"] = run_torchft
     else:
         missing.append(f"torchft: {args.torchft_python} has no torchft (`make bench-env` installs it)")
-    results = {}
-    for name, side in sides.items():
-        with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
-            clean_s, _ = side(Path(clean), args, [])
-            faulty_s, recoveries = side(Path(faulty), args, kill_at)
-        results[name] = (clean_s, faulty_s, recoveries)
-        print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
+    results: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in sides}
+    for _ in range(args.repeats):
+        for name, side in sides.items():
+            with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
+                clean_s, _ = side(Path(clean), args, [])
+                faulty_s, recoveries = side(Path(faulty), args, kill_at)
+            results[name].append((clean_s, faulty_s, recoveries))
+            print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
     import torch
 
     report = Report(
@@ -292,21 +304,36 @@ def main() -> None:
         "its own torchrun, coordinated by a torchft lighthouse; no checkpoints (a restarted group heals from "
         "the live one, and until it is back the survivor trains on its own half of the batch)"
         + (f", with the benchmark environment's torch {torchft_torch}" if torchft_torch else "")
-        + ". One run of each side.",
+        + f". Every process runs with OMP_NUM_THREADS={THREADS}. The sides take turns, {args.repeats} rounds: "
+        "medians, with the range.",
     )
+
+    def column(runs: list[tuple[float, float, list[float]]], pick, fmt: str, scale: float = 1.0) -> str:
+        return spread([pick(*run) for run in runs], scale, fmt)
+
     report.table(
-        ["side", "clean run", f"with {len(kill_at)} kills", "kill -> next step completed", "goodput (clean / faulty)"],
+        ["side", "clean run, s", f"with {len(kill_at)} kills, s", "kill -> next step completed, s", "goodput"],
         [
-            [name, f"{c:.1f} s", f"{f:.1f} s", ", ".join(f"{r:.2f} s" for r in rec), f"{c / f:.1%}"]
-            for name, (c, f, rec) in results.items()
+            [
+                name,
+                column(runs, lambda c, f, r: c, "{:.1f}"),
+                column(runs, lambda c, f, r: f, "{:.1f}"),
+                spread([x for _, _, rec in runs for x in rec], fmt="{:.2f}"),
+                column(runs, lambda c, f, r: c / f, "{:.1f}%", 100),
+            ]
+            for name, runs in results.items()
         ],
     )
-    (pc, pf, pr) = results["phalanx"]
-    for name, (c, f, rec) in list(results.items())[1:]:
-        goal = "< 1x" if name.startswith("torchrun") else ""
-        recovery = statistics.median(pr) / statistics.median(rec)
-        report.ratio(f"phalanx / {name}, kill -> next step (median)", recovery, goal)
-        report.ratio(f"phalanx / {name}, goodput with failures", (pc / pf) / (c / f), "> 1x" if goal else "")
+    ours = results["phalanx"]
+    for name, runs in list(results.items())[1:]:
+        goal = "< 1" if name.startswith("torchrun") else ""
+        recovery = [
+            statistics.median(pr) / statistics.median(rec)
+            for (_, _, pr), (_, _, rec) in zip(ours, runs, strict=True)
+        ]
+        goodput = [(pc / pf) / (c / f) for (pc, pf, _), (c, f, _) in zip(ours, runs, strict=True)]
+        report.ratio(f"phalanx / {name}, kill -> next step (median of the kills)", recovery, goal)
+        report.ratio(f"phalanx / {name}, goodput with failures", goodput, "> 1" if goal else "")
     for why in missing:
         report.note(f"Not measured: {why}.")
     report.finish(args.out)

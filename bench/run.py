@@ -34,8 +34,10 @@ BENCHMARKS = (
 TORCHTITAN_ON_CPU = (
     "torchtitan (in .venv-bench) is not run on this machine: its Trainer needs a CUDA device (it calls "
     "`torch.cuda.set_device` as it starts, and stops with 'Found no NVIDIA driver' without one). On a CUDA "
-    "machine `bench/gpu.sh` measures MFU and tokens/s of phalanx's 1B preset against torchtitan's Llama 3 1B-"
-    "equivalent config on the same GPU, and this script includes it."
+    "machine `bench/gpu.sh` measures MFU and tokens/s of phalanx's 1B preset against torchtitan's Llama 3 trainer "
+    "on the same shape and GPU, and this script includes it; on the lent GPU machine, which has no package "
+    "registry, it runs alone (docs/benchmarks/gpu.md). `bench/gpu_dryrun.sh`, run by the tests, goes through its "
+    "steps on the CPU."
 )
 
 
@@ -62,11 +64,15 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {kib / 2**20:.0f} GiB memory, {platform.system()} {platform.release()}"
 
 
-def run_one(script: str, interpreter: str, out: Path, log: Path) -> tuple[bool, float]:
+def run_one(script: str, interpreter: str, out: Path, log: Path, env: dict[str, str]) -> tuple[bool, float]:
     started = time.monotonic()
     with log.open("w") as f:
         code = subprocess.call(
-            [interpreter, str(BENCH / script), "--out", str(out)], stdout=f, stderr=subprocess.STDOUT, cwd=REPO
+            [interpreter, str(BENCH / script), "--out", str(out)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, **env},
         )
     return code == 0 and out.is_file(), time.monotonic() - started
 
@@ -90,11 +96,13 @@ def main() -> None:
     gpus = envs["bench"]["gpus"]
     sections, took = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        plan = [(script, pythons[env]) for script, env in BENCHMARKS] + ([("gpu.sh", "bash")] if gpus else [])
-        for script, interpreter in plan:
+        plan = [(script, pythons[env], {}) for script, env in BENCHMARKS]
+        if gpus:  # gpu.sh in the benchmark environment, which has its torchtitan: no wheels to add
+            plan.append(("gpu.sh", "bash", {"PY": args.bench_python, "WHEELS": ""}))
+        for script, interpreter, env in plan:
             out, log = Path(tmp) / f"{script}.md", Path(tmp) / f"{script}.log"
             print(f"[bench] {script} ...", flush=True)
-            ok, seconds = run_one(script, interpreter, out, log)
+            ok, seconds = run_one(script, interpreter, out, log, env)
             print(f"[bench] {script} {'done' if ok else 'FAILED'} in {seconds:.0f} s", flush=True)
             sections.append(out.read_text() if ok else failed_section(script, log))
             took.append(f"{script} {seconds:.0f} s")

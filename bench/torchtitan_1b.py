@@ -1,37 +1,35 @@
-"""torchtitan's Llama 3 1B training config for bench/gpu.py: its registry's "1B" model (dim 2048, 16 layers,
-32 heads, 8 KV heads, vocab 128256, tied embeddings: the shape of phalanx's llama3-1b) with bf16 and
-torch.compile, on a local dataset and tokenizer that bench/gpu.py writes (nothing can be downloaded).
-torchtitan loads it by module path: ``--module torchtitan_1b --config llama3_1b_bench``."""
+"""torchtitan 0.2.2's Llama 3 trainer on the shape of phalanx's llama3-1b, for bench/gpu.py.
+
+torchtitan's own llama3 model and trainer, with the Llama 3.2 1B arguments (dim 2048, 16 layers, 32 heads,
+8 KV heads, FFN 8192, vocab 128256) and the output projection tied to the embedding, as Meta's 1B and
+phalanx's preset have it: this torchtitan release ships neither a 1B flavour nor tying. The tie is restored
+in ``init_weights``, which the trainer calls after materialising the meta-device model (``to_empty`` gives
+each module a tensor of its own). Loaded by ``--experimental.custom_import torchtitan_1b`` with
+``--model.name llama3_1b_bench --model.flavor 1B``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
-from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-from torchtitan.config import CompileConfig, TrainingConfig
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-from torchtitan.models.common.config_utils import decoder_vocab_size
-from torchtitan.models.llama3 import model_registry
-from torchtitan.models.llama3.config_registry import llama3_debugmodel
+import torch
+from torchtitan.models.llama3 import Transformer, TransformerModelArgs, get_train_spec
+from torchtitan.protocols.train_spec import register_train_spec
+
+NAME, FLAVOR = "llama3_1b_bench", "1B"
+ARGS = TransformerModelArgs(
+    dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5, multiple_of=256, rope_theta=500000
+)
 
 
-def llama3_1b_bench():
-    env = os.environ
-    model_spec = model_registry("1B")
-    base = llama3_debugmodel()
-    return dataclasses.replace(
-        base,
-        model_spec=model_spec,
-        loss=ChunkedLossWrapper.Config(
-            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(model_spec))
-        ),
-        hf_assets_path=env["BENCH_TOKENIZER"],
-        dataloader=HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=env["BENCH_DATASET"]),
-        training=TrainingConfig(
-            local_batch_size=int(env["BENCH_BATCH"]), seq_len=int(env["BENCH_SEQ_LEN"]), steps=int(env["BENCH_STEPS"])
-        ),
-        parallelism=dataclasses.replace(base.parallelism, pipeline_parallel_schedule="1F1B"),
-        compile=CompileConfig(enable=True, components=["model", "loss"]),
-        dump_folder=env["BENCH_DUMP"],
-    )
+class TiedTransformer(Transformer):
+    def __init__(self, model_args: TransformerModelArgs):
+        super().__init__(model_args)
+        self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        self.output.weight = self.tok_embeddings.weight
+        super().init_weights(buffer_device=buffer_device)
+
+
+register_train_spec(NAME, dataclasses.replace(get_train_spec(), model_cls=TiedTransformer, model_args={FLAVOR: ARGS}))

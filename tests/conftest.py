@@ -43,6 +43,23 @@ class Job:
         return run
 
 
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, exited but not yet reaped by its parent, has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 60) -> None:
+    """Wait until every one of ``pids`` has exited."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running after {timeout} s: {[p for p in pids if alive(p)]}"
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def job(tmp_path: Path) -> Job:
     return Job(tmp_path)

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import REPO, Job
+from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint import CheckpointDir
 from phalanx.checkpoint.export import read_model
 from phalanx.obs import read_jsonl
@@ -99,13 +100,34 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert CheckpointDir(ckpt).verify(4) == "manifest.json does not match the sha256 in COMMITTED (corrupt)"
 
 
-def test_sync_and_async_saves_hold_the_same_weights(job: Job, tmp_path: Path) -> None:
+def test_sync_and_async_saves_hold_the_same_state(job: Job, tmp_path: Path) -> None:
+    """Every checkpoint of an async run, the one of step 2 included, which training went on from (forward,
+    backward and the optimizer step of steps 3 and 4 ran beside its write), holds exactly what a sync run's
+    holds: the copy was taken before the optimizer changed the weights."""
     _run(job, _spec(job, tmp_path / "async", steps=4))
     _run(job, _spec(job, tmp_path / "sync", steps=4, extra=", async: false"))
-    _assert_same(
-        _weights(tmp_path / "async" / "step-00000004", tmp_path),
-        _weights(tmp_path / "sync" / "step-00000004", tmp_path),
-    )
+    for step in (2, 4):
+        saved = {}
+        for mode in ("async", "sync"):
+            out = tmp_path / f"{mode}-{step}.pt"
+            dcp_to_torch_save(tmp_path / mode / f"step-{step:08d}", out)
+            saved[mode] = torch.load(out, weights_only=False)
+        assert saved["async"]["progress"] == saved["sync"]["progress"] == {"step": step}
+        for part in ("model", "optim"):
+            a, b = (dict(_flat(saved[mode]["train"][part])) for mode in ("async", "sync"))
+            _assert_same(a, b)
+            assert len(a) > 10  # every parameter (and, for the optimizer, every moment and step count)
+
+
+def _flat(tree: object, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a nested state dict, keyed by their path."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _flat(value, f"{prefix}{key}.")
+    elif isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, int | float):
+        yield prefix, torch.tensor(tree)
 
 
 def test_kill_9_then_resume_ends_bitwise_identical(job: Job, tmp_path: Path) -> None:
@@ -121,7 +143,7 @@ def test_kill_9_then_resume_ends_bitwise_identical(job: Job, tmp_path: Path) -> 
     for pid in [sup.pid, *pids.values()]:
         os.kill(pid, signal.SIGKILL)
     sup.wait()
-    time.sleep(0.5)
+    wait_gone(list(pids.values()))  # no worker of the killed run still writes when the rerun starts
     resumed = _run(job, spec)
     assert "resumed from" in resumed.stdout
     start = int(resumed.stdout.split("resumed from")[1].split("at step ")[1].split()[0])
@@ -242,8 +264,10 @@ def test_sigterm_saves_an_emergency_checkpoint_within_the_grace_period(job: Job,
     sup.send_signal(signal.SIGTERM)
     out, _ = sup.communicate(timeout=120)
     assert sup.returncode == 143, out[-3000:]
-    saved = int(out.split("emergency checkpoint of step ")[1].split()[0])
-    assert 4 <= saved < 30 and "(grace 30 s)" in out
+    logs = [(_run_dirs(job)[-1] / "logs" / f"rank-{r}.log").read_text() for r in range(2)]
+    stopped_at = [int(log.split("emergency checkpoint of step ")[1].split()[0]) for log in logs]  # each rank's word
+    saved = stopped_at[0]
+    assert stopped_at == [saved, saved] and 4 <= saved < 30 and "(grace 30 s)" in out
     assert CheckpointDir(tmp_path / "stopped").steps() == [saved]
     assert CheckpointDir(tmp_path / "stopped").verify(saved) is None
     events = [e for e in read_jsonl(_run_dirs(job)[-1] / "events.jsonl") if e["kind"] == "preempted"]

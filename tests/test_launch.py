@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,16 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, Job
+from conftest import REPO, Job, alive
 from phalanx.obs import read_jsonl
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
@@ -67,7 +58,7 @@ def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Pa
     assert "rank 1 is about to fail" in result.stdout.split("failed: rank 1")[1]  # the log tail is shown
     outcome = json.loads((job.run_dir() / "result.json").read_text())
     assert (outcome["outcome"], outcome["failed_rank"], outcome["exit_code"]) == ("failed", 1, 1)
-    assert not _alive(int((tmp_path / "pid-0").read_text()))
+    assert not alive(int((tmp_path / "pid-0").read_text()))
     (failure,) = [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == "worker_failed"]
     assert failure["rank"] == 1 and failure["then"] == ["rank 0 was killed by SIGTERM"]
 
@@ -95,11 +86,14 @@ def test_signal_is_forwarded_to_every_worker(job: Job, tmp_path: Path, sig: sign
 def test_workers_that_ignore_the_signal_are_killed_after_the_grace_period(job: Job, tmp_path: Path) -> None:
     spec = job.command_spec("signals.py", "ignore", str(tmp_path), extra="resilience: {stop_grace_s: 1}\n")
     sup = _start_and_wait_ready(job, spec, tmp_path)
+    sent = time.time()
     sup.send_signal(signal.SIGTERM)
     output, _ = sup.communicate(timeout=60)
     assert sup.returncode == 128 + signal.SIGTERM, output
     assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == ["SIGTERM", "SIGTERM"]
-    assert not any(_alive(int((tmp_path / f"ready-{r}").read_text())) for r in range(2))
+    lived = [float((tmp_path / f"alive-{r}").read_text()) - sent for r in range(2)]
+    assert min(lived) > 0.9, lived  # each kept running through the 1 s grace period (written every 10 ms) ...
+    assert not any(alive(int((tmp_path / f"ready-{r}").read_text())) for r in range(2))  # ... and was then killed
 
 
 def test_plain_torchrun_script_runs_unchanged_and_matches_torchrun(job: Job, tmp_path: Path) -> None:

@@ -205,33 +205,36 @@ def test_ledger_attributes_every_second(tmp_path: Path) -> None:
         ("attempt_started", 110.0),  # recovery 109 -> 113 (the first step of attempt 1 begins at 113)
         ("run_finished", 120.0),
     ]
-    steps = [  # (step, end, step time, checkpoint blocking, data wait)
-        (0, 105.0, 1.0, 0.0, 0.0),
-        (1, 106.0, 1.0, 0.5, 0.0),
-        (2, 107.0, 1.0, 0.0, 0.25),  # redone in attempt 1: lost
-        (2, 114.0, 1.0, 0.0, 0.0),
-        (3, 116.0, 1.0, 0.0, 0.0),  # then 4 s of end of run (final save, shutdown): idle
-    ]
+    steps = [  # (step, end, step time, checkpoint blocking, data wait, beside a background checkpoint write)
+        (0, 105.0, 1.0, 0.0, 0.0, False),
+        (1, 106.0, 1.0, 0.5, 0.0, False),
+        (2, 107.0, 1.0, 0.0, 0.25, False),  # redone in attempt 1: lost
+        (2, 114.0, 1.0, 0.0, 0.0, False),
+        (3, 116.0, 2.0, 0.0, 0.0, True),  # 1 s slower than its attempt's other step: the write's cost
+    ]  # then 4 s of end of run (final save, shutdown): idle
     run.events.write_text("".join(json.dumps({"kind": k, "ts": ts}) + "\n" for k, ts in events))
     run.metrics.write_text(
         "".join(
-            json.dumps({"step": s, "ts": ts, "step_time_s": took, "checkpoint_s": c, "data_wait_s": d}) + "\n"
-            for s, ts, took, c, d in steps
+            json.dumps(
+                {"step": s, "ts": ts, "step_time_s": took, "checkpoint_s": c, "data_wait_s": d, "checkpoint_writing": w}
+            )
+            + "\n"
+            for s, ts, took, c, d, w in steps
         )
     )
     ledger = write_ledger(run)
     assert ledger.wall_s == 20.0
     assert ledger.seconds == {
-        "productive": 1 + 0.5 + 1 + 2,  # step 0, step 1 less its checkpoint, step 2 (again), step 3
+        "productive": 1 + 0.5 + 1 + 1,  # step 0, step 1 less its checkpoint, step 2 (again), step 3 less the write's
         "lost": 0.75,
-        "checkpoint": 0.5,
+        "checkpoint": 0.5 + 1,
         "data": 0.25,
         "detection": 2.0,
         "recovery": 1.0 + 3.0,
         "idle": 4.0 + 4.0,
     }
     assert sum(ledger.seconds.values()) == ledger.wall_s
-    assert json.loads(run.goodput.read_text())["goodput"] == pytest.approx(4.5 / 20)
+    assert json.loads(run.goodput.read_text())["goodput"] == pytest.approx(3.5 / 20)
 
 
 def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
@@ -310,19 +313,28 @@ def test_straggler_detector() -> None:
 def test_a_slot_that_keeps_failing_is_left_out_then_taken_back(job: Job, tmp_path: Path) -> None:
     """allow_shrink: rank 1 is killed first in two attempts in a row; the job goes on with one process, from its
     checkpoint resharded, with the global batch and the loss curve of the two-process run; after
-    regrow_after_s it stops itself (checkpointing) and goes on with both processes again."""
+    regrow_after_s it stops itself (checkpointing) and goes on with both processes again. The one process is
+    held (SIGSTOP) from its first step until the supervisor decides to grow back, so that neither a fast
+    machine (finishing before the regrow) nor a slow one changes what happens."""
     straight = job.run(_spec(job, tmp_path / "straight", steps=120), timeout=300)
     assert straight.returncode == 0, straight.stdout[-3000:]
     (straight_run,) = (job.runs / "t").iterdir()
     expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
-    spec = _spec(job, tmp_path / "shrink", steps=120, resilience="allow_shrink: true, regrow_after_s: 1.5")
-    sup, run = _launch(job, spec)
+    resilience = "allow_shrink: true, regrow_after_s: 0.5, hang_timeout_s: 60"
+    sup, run = _launch(job, _spec(job, tmp_path / "shrink", steps=120, resilience=resilience))
     os.kill(_when_attempt_progressed(sup, run, 0, 5, committed=True)[1], signal.SIGKILL)
     os.kill(_when_attempt_progressed(sup, run, 1, 1)[1], signal.SIGKILL)
+    alone = _when_attempt_progressed(sup, run, 2, 1)[0]
+    os.kill(alone, signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while not any(e["kind"] == "regrow_stop" for e in read_jsonl(run / "events.jsonl")):
+        assert sup.poll() is None and time.monotonic() < deadline, "no regrow while the process was held"
+        time.sleep(0.02)
+    os.kill(alone, signal.SIGCONT)  # it takes the supervisor's SIGTERM now, and checkpoints
     out, _ = sup.communicate(timeout=240)
     assert sup.returncode == 0, out[-4000:]
     assert "shrinking to 1 process(es) without local slot 1" in out and "growing back to 2 process(es)" in out
-    assert "emergency checkpoint of step" in out  # the shrunk attempt checkpointed before it was stopped
+    assert "[rank0]: rank 0 stopped by SIGTERM: emergency checkpoint of step" in out  # before it was stopped
     events = list(read_jsonl(run / "events.jsonl"))
     (shrunk,) = [e for e in events if e["kind"] == "shrunk"]
     assert shrunk["slots"] == [0] and shrunk["procs"] == 1
@@ -333,11 +345,10 @@ def test_a_slot_that_keeps_failing_is_left_out_then_taken_back(job: Job, tmp_pat
     assert "procs_per_node: 1" in resized and "dp_shard: -1" in resized
     starts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
     seen = list(read_jsonl(run / "metrics.jsonl"))
-    on_one = sorted(m["step"] for m in seen if starts[2] < m["ts"] < starts[3])
+    on_one = {m["step"]: m["loss"] for m in seen if starts[2] < m["ts"] < starts[3]}
     on_two = {m["step"]: m["loss"] for m in seen if m["ts"] > starts[3]}
-    assert len(on_one) >= 4 and max(on_two) == 119 and min(on_two) <= max(on_one) + 1
-    losses = {m["step"]: m["loss"] for m in seen}
-    assert [losses[s] for s in on_one[:4]] == pytest.approx([expected[s] for s in on_one[:4]], rel=1e-4)
+    assert on_one and max(on_two) == 119 and min(on_two) <= max(on_one) + 1
+    assert [on_one[s] for s in sorted(on_one)] == pytest.approx([expected[s] for s in sorted(on_one)], rel=1e-4)
     assert [on_two[s] for s in sorted(on_two)] == pytest.approx([expected[s] for s in sorted(on_two)], rel=1e-3)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from phalanx.obs import read_jsonl
 from phalanx.spec import parse_spec
 from phalanx.spec.model import Optimizer
 from phalanx.train.models.llama import PRESETS, Llama
+from phalanx.train.recipe import model_config
 from phalanx.train.trainer import lr_factor
 
 STEPS = 12
@@ -70,6 +73,7 @@ def test_parallel_loss_curve_matches_single_process(job: Job, reference, procs, 
     assert [m["loss"] for m in got] == pytest.approx(want_loss, rel=1e-5)
     assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in reference], rel=1e-4)
     assert [m["lr"] for m in got] == pytest.approx([m["lr"] for m in reference], rel=1e-12)
+    assert all(m["tokens_per_s_per_device"] == pytest.approx(m["tokens_per_s"] / procs) for m in got)
 
 
 @pytest.mark.parametrize(
@@ -89,11 +93,29 @@ def test_memory_and_speed_options_keep_the_loss_curve(job: Job, reference, optio
         assert got != want  # and not equal: autocast really ran in bf16
 
 
-def test_metrics_have_throughput_mfu_and_memory(reference) -> None:
-    m = reference[-1]
-    assert m["tokens_per_s"] > 0 and m["tokens_per_s_per_device"] == m["tokens_per_s"]
-    assert m["mfu"] is None  # a CPU has no datasheet peak unless train.peak_tflops is set
-    assert m["peak_memory_bytes"] > 2**20
+def test_throughput_is_tokens_over_the_wall_time_between_steps(reference) -> None:
+    """A step's time is the wall time since the previous step ended, what happens between steps included (the
+    metrics' timestamps, written as each step ends, are that far apart); tokens/s is the global batch's tokens
+    over it. (Per device, tokens/s is divided by the world size: test_parallel_loss_curve_matches_single_process.)"""
+    for before, m in itertools.pairwise(reference):
+        assert m["step_time_s"] == pytest.approx(m["ts"] - before["ts"], abs=0.05)
+    for m in reference:
+        assert m["tokens_per_s"] == pytest.approx(8 * 32 / m["step_time_s"])
+        assert m["mfu"] is None  # a CPU has no datasheet peak unless train.peak_tflops is set
+
+
+def test_peak_memory_is_the_process_peak(reference) -> None:
+    """On CPU the figure is the process's peak resident memory: it never falls from step to step, and it grows
+    by what the process touches."""
+    import torch
+
+    from phalanx.obs.metrics import peak_memory_bytes
+
+    peaks = [m["peak_memory_bytes"] for m in reference]
+    assert peaks == sorted(peaks)
+    before = peak_memory_bytes(torch.device("cpu"))
+    held = torch.ones(before // 8 + 2**26, dtype=torch.float64)  # 512 MiB more than the peak so far, written
+    assert peak_memory_bytes(torch.device("cpu")) >= held.numel() * 8 > before
 
 
 def test_flops_per_token_by_hand() -> None:
@@ -175,21 +197,59 @@ def test_sdk_runs_a_script_without_the_launcher(tmp_path) -> None:
     assert out.stdout.split() == ["0", "1", "1.0", "None"]
 
 
-def test_meta_device_init_gives_the_same_weights_as_whole_init() -> None:
-    """The path CUDA runs take (build on meta, materialise, init) against building whole, in one process."""
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_meta_init_on_one_rank_gives_the_same_weights_as_whole_init(tie: bool) -> None:
+    """What a one-GPU run does (build on the meta device, materialise, init) against building whole, in one
+    process. With more ranks the sharded init draws its numbers per shard, which only CUDA's DTensor RNG
+    makes equal to the whole init; test_built_model_at_world_size checks what holds on CPU there."""
     import torch
     import torch.distributed as dist
 
     from phalanx.train.parallelize import build_mesh, build_model
 
-    spec = parse_spec("name: t\nresources: {procs_per_node: 1}\ntrain: {model: {preset: llama-tiny}}\n")
+    spec = parse_spec(
+        f"name: t\nresources: {{procs_per_node: 1}}\ntrain: {{model: {{preset: llama-tiny, tie_embeddings: {tie}}}}}\n"
+    )
+    cfg = model_config(spec)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = build_mesh("cpu", spec.parallel)
-        whole = build_model(PRESETS["llama-tiny"], mesh, spec.train, torch.device("cpu"), on_meta=False)
-        meta = build_model(PRESETS["llama-tiny"], mesh, spec.train, torch.device("cpu"), on_meta=True)
+        whole = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=False)
+        meta = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=True)
     finally:
         dist.destroy_process_group()
     a, b = whole.state_dict(), meta.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert torch.equal(whole.rope, meta.rope)
+    assert sum(p.numel() for p in meta.parameters()) == cfg.num_params()
+    assert (meta.output.weight is meta.tok_embeddings.weight) == tie
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["world1", "world2"])
+def built(request, tmp_path_factory) -> list[dict]:
+    """tests/workers/model_build.py run by `phalanx run` on 1 and 2 ranks: what each rank saw."""
+    job = Job(tmp_path_factory.mktemp("build"))
+    out = job.tmp / "out"
+    out.mkdir()
+    result = job.run(job.command_spec("model_build.py", str(out), procs=request.param))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(request.param)]
+
+
+def test_meta_init_keeps_tied_embeddings_one_parameter(built: list[dict]) -> None:
+    """Materialising a meta-device model gives each module a tensor of its own; the tie must be restored, or
+    llama3-1b trains 1.50B parameters instead of 1.24B, with a separate output matrix."""
+    for seen in built:
+        for path in ("meta", "whole"):
+            assert seen[path]["tied"], (path, seen)
+            assert seen[path]["params"] == seen["expected_params"], (path, seen)
+
+
+def test_bf16_keeps_the_rotary_table_fp32(built: list[dict]) -> None:
+    """bf16 on one rank (autocast: activations stay fp32 between the bf16 matmuls) and with FSDP2's bf16
+    parameters on two (activations in bf16): either way the rotary table reaches attention in fp32, where
+    FSDP would cast every floating-point input of a block."""
+    activations = "torch.float32" if len(built) == 1 else "torch.bfloat16"
+    for seen in built:
+        for path in ("meta", "whole"):
+            assert seen[path]["attention_inputs"] == [[activations, "torch.float32"]] * 2, (path, seen)

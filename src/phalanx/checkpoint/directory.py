@@ -60,6 +60,12 @@ class CheckpointDir:
     def size(self, step: int) -> int:
         return int(self.fs.du(self.path(step)))
 
+    def files(self, step: int) -> list[str]:
+        """Names of the files in the step's directory, freshly listed."""
+        path = self.path(step)
+        self.fs.invalidate_cache(path)
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False))
+
     def describe_file(self, step: int, name: str) -> dict[str, Any]:
         path = f"{self.path(step)}/{name}"
         return {"size": int(self.fs.size(path)), "sha256": sha256_file(path, self.fs)}

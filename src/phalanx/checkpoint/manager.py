@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.stateful import Stateful
 
 from phalanx.checkpoint.directory import CheckpointDir
@@ -68,6 +67,11 @@ class CheckpointManager:
     def blocked_s(self) -> float:
         """Training time the latest save has cost so far: in ``save()``, then in ``staged()``."""
         return self._blocked_s
+
+    @property
+    def writing(self) -> bool:
+        """A background save is in flight: training runs beside its copy, write and hashing."""
+        return self._pending is not None and not self._pending[1].done()
 
     def due(self, step: int) -> bool:
         return step % self.policy.every_steps == 0
@@ -117,8 +121,8 @@ class CheckpointManager:
         if self.rank == 0:
             self.dir.remove(step)  # leftovers of an earlier attempt at this step, never half-mixed with ours
         dist.barrier(group=self._group)
-        metadata = dcp.save(state, checkpoint_id=self.dir.location(step), process_group=self._group)
-        files = self._hash_files(step, metadata)
+        dcp.save(state, checkpoint_id=self.dir.location(step), process_group=self._group)
+        files = self._hash_files(step)
         if self.rank == 0:
             size = sum(f["size"] for f in files.values())
             self.dir.commit(step, {"step": step, "world_size": self.world_size, **self._about, "files": files})
@@ -132,10 +136,12 @@ class CheckpointManager:
             self._retire()
         dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
 
-    def _hash_files(self, step: int, metadata: Metadata) -> dict[str, dict[str, Any]]:
-        """Size and sha256 of every file of the checkpoint, each rank hashing its share; rank 0 gets them all."""
-        names = sorted({info.relative_path for info in metadata.storage_data.values()} | {".metadata"})
-        mine = {name: self.dir.describe_file(step, name) for name in names[self.rank :: self.world_size]}
+    def _hash_files(self, step: int) -> dict[str, dict[str, Any]]:
+        """Size and sha256 of every file DCP wrote for the step (its shards and .metadata), each rank hashing
+        its share of rank 0's listing; rank 0 gets them all. (The directory was emptied before the save.)"""
+        names: list[list[str]] = [self.dir.files(step) if self.rank == 0 else []]
+        dist.broadcast_object_list(names, src=0, group=self._group)
+        mine = {name: self.dir.describe_file(step, name) for name in names[0][self.rank :: self.world_size]}
         gathered: list[dict[str, Any]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0, group=self._group)
         return {name: meta for part in gathered or [] for name, meta in sorted(part.items())}

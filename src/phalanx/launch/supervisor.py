@@ -228,6 +228,7 @@ class Supervisor:
             f"{len(group.workers)} process(es) trained for {self.capacity.regrow_after_s:g} s since the shrink: "
             f"stopping them (SIGTERM, they checkpoint) to try all {self.capacity.full} again"
         )
+        self.events.emit("regrow_stop", procs=len(group.workers), after_s=self.capacity.regrow_after_s)
         group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
         return RunResult(Outcome.STOPPED, 0, "stopped to grow back", str(self.run_dir.root)), REGROW
 

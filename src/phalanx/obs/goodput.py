@@ -5,7 +5,8 @@ the wall time:
 
     productive     steps whose result was kept (of each step, the last execution: earlier ones were redone)
     lost           executions of steps that were redone later (after a restart or a rollback)
-    checkpoint     training blocked by checkpoint saves (what the recipe reports per step)
+    checkpoint     training blocked by checkpoint saves (what the recipe reports per step), and the extra
+                   time of the steps that ran beside a background write (see ``write_overhead``)
     data           training waiting for its next batch
     detection      from a failed attempt's last step to the failure being seen and its workers stopped
     recovery       from then to the next attempt's first step: backoff, start-up, checkpoint load
@@ -19,7 +20,9 @@ so the time between steps (a checkpoint save, the metrics) is inside it.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +59,18 @@ def steps_by_attempt(events: list[dict[str, Any]], metrics: list[dict[str, Any]]
     return grouped
 
 
+def write_overhead(work: Sequence[float], writing: Sequence[bool]) -> list[float]:
+    """What a background checkpoint write cost each step: a step that ran beside one (``writing``) took its
+    excess over the median step that did not (the write competes for cores, memory bandwidth, the GIL);
+    other steps, or steps with no such peer to compare with, 0. ``work``: each step's time less its
+    checkpoint blocking and data wait. A checkpoint's whole cost is its blocking plus this over its steps."""
+    quiet = [w for w, busy in zip(work, writing, strict=True) if not busy]
+    if not quiet:
+        return [0.0] * len(work)
+    usual = statistics.median(quiet)
+    return [max(0.0, w - usual) if busy else 0.0 for w, busy in zip(work, writing, strict=True)]
+
+
 def ledger(run: RunDir) -> Ledger:
     events = list(read_jsonl(run.events))
     metrics = list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
@@ -65,26 +80,32 @@ def ledger(run: RunDir) -> Ledger:
     failures = [e["ts"] for e in events if e["kind"] in FAILURES]
     seconds = dict.fromkeys(CATEGORIES, 0.0)
 
-    # Each step execution's interval, by attempt; the last execution of a step index is the one kept.
-    executions: list[tuple[int, float, dict[str, Any]]] = []  # (attempt, interval start, metrics)
+    # Each step execution's interval, by attempt, split into checkpoint blocking, data wait and the rest; the
+    # last execution of a step index is the one kept.
+    executions: list[tuple[int, float, dict[str, Any], float, float, float]] = []
     last_of: dict[int, int] = {}
     by_attempt = steps_by_attempt(events, metrics)
     for attempt in sorted(by_attempt):
-        previous_end = None
+        previous_end, parts = None, []
         for m in by_attempt[attempt]:
             begin = previous_end if previous_end is not None else m["ts"] - m.get("step_time_s", 0.0)
-            last_of[m["step"]] = len(executions)
-            executions.append((attempt, begin, m))
+            interval = m["ts"] - begin
+            blocked = min(interval, m.get("checkpoint_s", 0.0))
+            waiting = min(interval - blocked, m.get("data_wait_s", 0.0))
+            parts.append((begin, m, blocked, waiting, interval - blocked - waiting))
             previous_end = m["ts"]
+        # Steps beside a background write are compared with the others of their attempt (same world, layout).
+        writing = [bool(m.get("checkpoint_writing")) for _, m, *_ in parts]
+        extra = write_overhead([rest for *_, rest in parts], writing)
+        for (begin, m, blocked, waiting, rest), over in zip(parts, extra, strict=True):
+            last_of[m["step"]] = len(executions)
+            executions.append((attempt, begin, m, blocked + over, waiting, rest - over))
 
     covered: dict[int, tuple[float, float]] = {}  # attempt -> (first step start, last step end)
-    for i, (attempt, begin, m) in enumerate(executions):
-        interval = m["ts"] - begin
-        blocked = min(interval, m.get("checkpoint_s", 0.0))
-        waiting = min(interval - blocked, m.get("data_wait_s", 0.0))
-        seconds["checkpoint"] += blocked
+    for i, (attempt, begin, m, checkpoint, waiting, rest) in enumerate(executions):
+        seconds["checkpoint"] += checkpoint
         seconds["data"] += waiting
-        seconds["productive" if last_of[m["step"]] == i else "lost"] += interval - blocked - waiting
+        seconds["productive" if last_of[m["step"]] == i else "lost"] += rest
         first, _ = covered.get(attempt, (begin, m["ts"]))
         covered[attempt] = (first, m["ts"])
 

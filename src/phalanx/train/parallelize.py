@@ -5,7 +5,7 @@ shards DTensors over the data-parallel dims; checkpoint and compile per block, i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -61,6 +61,7 @@ def build_model(cfg: LlamaConfig, mesh: Mesh, train: Train, device: torch.device
         with torch.device("meta"):
             model = parallelize(Llama(cfg), mesh, train)
         model.to_empty(device=device)
+        model.tie_weights()  # to_empty gives every module a tensor of its own, which unties unsharded weights
     else:
         model = Llama(cfg).to(device)
     torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers
@@ -136,9 +137,15 @@ def _apply_activation_checkpointing(model: Llama, selective: bool) -> None:
 
 
 def _apply_fsdp(model: Llama, mesh: Mesh, bf16: bool) -> None:
-    """FSDP2 per block and at the root; with dp_replicate > 1 the 2-D mesh makes it HSDP."""
+    """FSDP2 per block and at the root; with dp_replicate > 1 the 2-D mesh makes it HSDP.
+
+    Blocks do not cast their forward inputs: one of them is the rotary table, which must stay fp32 (in bf16
+    the angles of late positions lose most of their precision), and the activations need no cast, since
+    they come out of the embedding, whose parameters are already in the compute dtype. The root casts its
+    own inputs, token ids, which a cast leaves alone.
+    """
     dp_mesh = mesh.mesh["dp_replicate", "dp_shard"] if mesh.parallel.dp_replicate > 1 else mesh.mesh["dp_shard"]
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(block, mesh=dp_mesh, mp_policy=replace(mp, cast_forward_inputs=False))
     fully_shard(model, mesh=dp_mesh, mp_policy=mp)

@@ -57,8 +57,9 @@ class StepStats:
     loss: float
     grad_norm: float
     lr: float
-    step_time_s: float
+    step_time_s: float  # wall time since the previous step ended (what happens between steps included)
     data_wait_s: float  # of step_time_s, waiting for the batch
+    checkpoint_writing: bool  # a background save was writing as the step began
     stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
     problem: str | None = None  # why the step was bad (NaN/Inf, a spike) and its update not applied
 
@@ -104,6 +105,7 @@ class Trainer:
         self._rolled_back: set[int] = set()  # bad steps that were replayed from a checkpoint
         self._bad_in_a_row = 0
         self._checkpoint_s = 0.0
+        self._last_step_end: float | None = None
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
             ctx.spec.checkpoint,
@@ -165,7 +167,8 @@ class Trainer:
 
     def train_step(self) -> StepStats:
         t, started = self.train, time.perf_counter()
-        step = self.progress.step
+        since = self._last_step_end if self._last_step_end is not None else started
+        step, writing = self.progress.step, self.checkpoints.writing
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - started
         poison = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
@@ -198,8 +201,11 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
-        took = time.perf_counter() - started
-        return StepStats(step, loss_mean, norm, lr, took, data_wait, stop=stopping > 0, problem=problem)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)  # the clock reads when the step's GPU work ended, not its launch
+        self._last_step_end = time.perf_counter()
+        took = self._last_step_end - since
+        return StepStats(step, loss_mean, norm, lr, took, data_wait, writing, stop=stopping > 0, problem=problem)
 
     def report(self, s: StepStats) -> None:
         tokens = self.train.global_batch * self.train.seq_len
@@ -214,6 +220,7 @@ class Trainer:
             "step_time_s": s.step_time_s,
             "data_wait_s": s.data_wait_s,
             "checkpoint_s": self._checkpoint_s,  # training blocked by checkpoints since the previous report
+            "checkpoint_writing": s.checkpoint_writing,  # its extra cost: the ledger compares it with other steps
             "compute_s": self.compute.take(),  # this rank's own forward compute: in its heartbeat, for stragglers
             "tokens_per_s": tps,
             "tokens_per_s_per_device": per_device,
@@ -293,9 +300,10 @@ class Trainer:
         self.checkpoints.save(step, self.state, sync=True)
         self.checkpoints.close()
         since = time.monotonic() - self._preempted_at if self._preempted_at is not None else 0.0
-        self._say(
-            f"stopped by SIGTERM: emergency checkpoint of step {step} committed {since:.1f} s after the signal "
-            f"(grace {self.ctx.spec.resilience.stop_grace_s:g} s)"
+        print(  # by every rank, into its own log: each says where it stopped
+            f"rank {self.ctx.rank} stopped by SIGTERM: emergency checkpoint of step {step} committed {since:.1f} s "
+            f"after the signal (grace {self.ctx.spec.resilience.stop_grace_s:g} s)",
+            flush=True,
         )
         self.ctx.event("preempted", step=step, saved_after_s=since)
         raise SystemExit(128 + signal.SIGTERM)

@@ -196,10 +196,14 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         self.register_buffer("rope", rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        """With ``tie_embeddings``, the output projection is the embedding matrix: one parameter, one gradient."""
+        if self.cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
 
     @torch.no_grad()
     def init_weights(self) -> None:
