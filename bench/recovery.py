@@ -37,6 +37,7 @@ from _report import Report, spread
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
+STALL_S = 300  # a side that makes no step for this long is stopped
 MODEL = (
     "train: {model: {preset: llama-debug}, steps: %d, global_batch: 8, micro_batch: 4, seq_len: 64,"
     " optimizer: {warmup_steps: 2}}"
@@ -51,19 +52,30 @@ def _steps(path: Path) -> list[dict]:
 
 def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list[int]) -> list[float]:
     """Kill rank 1 when the job has done each step in ``kill_at``; the seconds from each kill to the next
-    step completed."""
-    recoveries = []
-    for target in kill_at:
-        while not any(s["step"] + 1 >= target for s in _steps(steps_file)):
-            assert proc.poll() is None, "the job ended before the kill"
+    step completed. A job that makes no step for STALL_S is stopped (its whole process group) and fails the
+    benchmark, naming where it stood, rather than hanging it."""
+    recoveries: list[float] = []
+    progress = [time.monotonic(), 0]  # when the number of steps last changed, and that number
+
+    def wait_until(done, what: str) -> None:
+        while not done():
+            if proc.poll() is not None and not done():
+                raise AssertionError(f"the job ended {what}")
+            if (count := len(_steps(steps_file))) != progress[1]:
+                progress[:] = [time.monotonic(), count]
+            elif time.monotonic() - progress[0] > STALL_S:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise TimeoutError(f"no step for {STALL_S} s after {count} steps, {what}; stopped")
             time.sleep(0.01)
+
+    for target in kill_at:
+        wait_until(lambda t=target: any(s["step"] + 1 >= t for s in _steps(steps_file)), "before the kill")
         seen = len(_steps(steps_file))
         os.kill(pid_of_rank1(), signal.SIGKILL)
         killed = time.time()
-        while len(_steps(steps_file)) <= seen:
-            assert proc.poll() is None, "the job ended without recovering"
-            time.sleep(0.01)
+        wait_until(lambda n=seen: len(_steps(steps_file)) > n, "without recovering")
         recoveries.append(_steps(steps_file)[seen]["ts"] - killed)
+    wait_until(lambda: proc.poll() is not None, "at the end")
     assert proc.wait() == 0, "the job failed"
     return recoveries
 
@@ -79,7 +91,9 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
     started = time.time()
     cmd = [sys.executable, "-m", "phalanx", "run", str(spec), "--runs-dir", str(runs)]
     env = {**os.environ, "OMP_NUM_THREADS": THREADS}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True
+    )
     while not (runs / "bench").is_dir() or not list((runs / "bench").iterdir()):
         time.sleep(0.01)
     (run,) = (runs / "bench").iterdir()
@@ -103,7 +117,12 @@ def run_torchrun(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tu
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=10"]
     started = time.time()
     proc = subprocess.Popen(
-        [*cmd, __file__, "--peer"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO
+        [*cmd, __file__, "--peer"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        start_new_session=True,
     )
     recoveries = _drive(proc, work / "steps.jsonl", lambda: int((work / "pid-1").read_text()), kill_at)
     return time.time() - started, recoveries
@@ -111,6 +130,8 @@ def run_torchrun(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tu
 
 def peer() -> None:
     """The torchrun side: FSDP2 training of the same model and data, dcp.save every N steps, resume at start."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -123,7 +144,10 @@ def peer() -> None:
     from phalanx.train.models.llama import PRESETS, Llama
 
     work, steps, every = Path(os.environ["BENCH_WORK"]), int(os.environ["BENCH_STEPS"]), int(os.environ["BENCH_EVERY"])
-    dist.init_process_group("gloo")
+    # torch's default gloo timeout is 30 minutes; a careful user sets a short one, so that a restarted pair
+    # that cannot connect (seen here: both ranks stuck in ProcessGroupGloo's set-up for 10 minutes) fails
+    # and torchrun restarts it again, instead of the job waiting half an hour.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     (work / f"pid-{rank}").write_text(str(os.getpid()))
     torch.manual_seed(1234)
@@ -186,20 +210,25 @@ def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         "OMP_NUM_THREADS": THREADS,  # each replica group is one process, as each rank of the other sides
     }
     started = time.time()
+    groups: list[subprocess.Popen] = []
     try:
-        groups = [
+        groups += [
             subprocess.Popen(
                 [*cmd, __file__, "--torchft-peer"],
                 env={**env, "REPLICA_GROUP_ID": str(r)},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd=REPO,
+                start_new_session=True,
             )
             for r in range(2)
         ]
         recoveries = _drive(groups[0], work / "steps.jsonl", lambda: int((work / "pid-1").read_text()), kill_at)
         assert groups[1].wait(timeout=120) == 0, "replica group 1 failed"
     finally:
+        for group in groups:
+            if group.poll() is None:
+                os.killpg(group.pid, signal.SIGKILL)
         lighthouse.kill()
     return time.time() - started, recoveries
 
