@@ -22,6 +22,7 @@ ratios to each peer; the sides take turns, ``--repeats`` times, and each figure 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,26 @@ def _steps(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process below it (torchrun and phalanx start workers in sessions of their
+    own, so a process group does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for each in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
+
+
 def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list[int]) -> list[float]:
     """Kill rank 1 when the job has done each step in ``kill_at``; the seconds from each kill to the next
-    step completed. A job that makes no step for STALL_S is stopped (its whole process group) and fails the
-    benchmark, naming where it stood, rather than hanging it."""
+    step completed. A job that makes no step for STALL_S is stopped (it and every process below it) and its
+    run is given up, naming where it stood, rather than hanging the benchmark."""
     recoveries: list[float] = []
     progress = [time.monotonic(), 0]  # when the number of steps last changed, and that number
 
@@ -64,7 +81,7 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
             if (count := len(_steps(steps_file))) != progress[1]:
                 progress[:] = [time.monotonic(), count]
             elif time.monotonic() - progress[0] > STALL_S:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_tree(proc.pid)
                 raise TimeoutError(f"no step for {STALL_S} s after {count} steps, {what}; stopped")
             time.sleep(0.01)
 
@@ -75,7 +92,7 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
         killed = time.time()
         wait_until(lambda n=seen: len(_steps(steps_file)) > n, "without recovering")
         recoveries.append(_steps(steps_file)[seen]["ts"] - killed)
-    wait_until(lambda: proc.poll() is not None, "at the end")
+    wait_until(lambda: proc.poll() is not None, "before finishing")
     assert proc.wait() == 0, "the job failed"
     return recoveries
 
@@ -91,9 +108,7 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
     started = time.time()
     cmd = [sys.executable, "-m", "phalanx", "run", str(spec), "--runs-dir", str(runs)]
     env = {**os.environ, "OMP_NUM_THREADS": THREADS}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True
-    )
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     while not (runs / "bench").is_dir() or not list((runs / "bench").iterdir()):
         time.sleep(0.01)
     (run,) = (runs / "bench").iterdir()
@@ -122,7 +137,6 @@ def run_torchrun(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tu
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
-        start_new_session=True,
     )
     recoveries = _drive(proc, work / "steps.jsonl", lambda: int((work / "pid-1").read_text()), kill_at)
     return time.time() - started, recoveries
@@ -219,7 +233,6 @@ def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd=REPO,
-                start_new_session=True,
             )
             for r in range(2)
         ]
@@ -227,9 +240,9 @@ def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         assert groups[1].wait(timeout=120) == 0, "replica group 1 failed"
     finally:
         for group in groups:
-            if group.poll() is None:
-                os.killpg(group.pid, signal.SIGKILL)
+            _kill_tree(group.pid)
         lighthouse.kill()
+        lighthouse.wait()
     return time.time() - started, recoveries
 
 
@@ -311,12 +324,20 @@ def main() -> None:
         sides["torchft (2 replica groups, live healing)"] = run_torchft
     else:
         missing.append(f"torchft: {args.torchft_python} has no torchft (`make bench-env` installs it)")
-    results: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in sides}
-    for _ in range(args.repeats):
+    # Per side, one entry per round: (clean s, faulty s, recoveries), or None if a run stalled and was stopped.
+    results: dict[str, list[tuple[float, float, list[float]] | None]] = {name: [] for name in sides}
+    stalls: list[str] = []
+    for r in range(args.repeats):
         for name, side in sides.items():
             with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
-                clean_s, _ = side(Path(clean), args, [])
-                faulty_s, recoveries = side(Path(faulty), args, kill_at)
+                try:
+                    clean_s, _ = side(Path(clean), args, [])
+                    faulty_s, recoveries = side(Path(faulty), args, kill_at)
+                except TimeoutError as e:
+                    stalls.append(f"{name}, round {r + 1}: {e}")
+                    results[name].append(None)
+                    print(f"  {name}: {e}", flush=True)
+                    continue
             results[name].append((clean_s, faulty_s, recoveries))
             print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
     import torch
@@ -338,31 +359,35 @@ def main() -> None:
     )
 
     def column(runs: list[tuple[float, float, list[float]]], pick, fmt: str, scale: float = 1.0) -> str:
-        return spread([pick(*run) for run in runs], scale, fmt)
+        return spread([pick(*run) for run in runs], scale, fmt) if runs else "-"
 
-    report.table(
-        ["side", "clean run, s", f"with {len(kill_at)} kills, s", "kill -> next step completed, s", "goodput"],
-        [
+    rows = []
+    for name, rounds in results.items():
+        runs, stalled = [run for run in rounds if run is not None], rounds.count(None)
+        rows.append(
             [
-                name,
+                name + (f" ({stalled} of {len(rounds)} rounds stalled)" if stalled else ""),
                 column(runs, lambda c, f, r: c, "{:.1f}"),
                 column(runs, lambda c, f, r: f, "{:.1f}"),
-                spread([x for _, _, rec in runs for x in rec], fmt="{:.2f}"),
+                spread([x for _, _, rec in runs for x in rec], fmt="{:.2f}") if runs else "-",
                 column(runs, lambda c, f, r: c / f, "{:.1f}%", 100),
             ]
-            for name, runs in results.items()
-        ],
-    )
-    ours = results["phalanx"]
+        )
+    header = ["side", "clean run, s", f"with {len(kill_at)} kills, s", "kill -> next step completed, s", "goodput"]
+    report.table(header, rows)
     for name, runs in list(results.items())[1:]:
+        paired = [(a, b) for a, b in zip(results["phalanx"], runs, strict=True) if a is not None and b is not None]
+        if not paired:
+            continue
         goal = "< 1" if name.startswith("torchrun") else ""
-        recovery = [
-            statistics.median(pr) / statistics.median(rec)
-            for (_, _, pr), (_, _, rec) in zip(ours, runs, strict=True)
-        ]
-        goodput = [(pc / pf) / (c / f) for (pc, pf, _), (c, f, _) in zip(ours, runs, strict=True)]
+        recovery = [statistics.median(pr) / statistics.median(rec) for (_, _, pr), (_, _, rec) in paired]
+        goodput = [(pc / pf) / (c / f) for (pc, pf, _), (c, f, _) in paired]
         report.ratio(f"phalanx / {name}, kill -> next step (median of the kills)", recovery, goal)
         report.ratio(f"phalanx / {name}, goodput with failures", goodput, "> 1" if goal else "")
+    for stall in stalls:
+        report.note(
+            f"Stalled and stopped: {stall}. Its round is left out of the figures and of the ratios to that side."
+        )
     for why in missing:
         report.note(f"Not measured: {why}.")
     report.finish(args.out)
