@@ -12,9 +12,9 @@ from pathlib import Path
 COMPARE = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 
 
-def shown(value: float) -> str:
-    """Three significant digits, without an exponent: 0.0232, 1.00, 12.1, 466, 1,055."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:#.3g}".rstrip(".")
+def shown(value: float, digits: int = 3) -> str:
+    """``digits`` significant digits, without an exponent: 0.0232, 1.00, 12.1, 466, 1,055."""
+    return f"{value:,.0f}" if abs(value) >= 10**digits else f"{value:#.{digits}g}".rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,19 @@ class Ratio:
         op, bound = self.goal.split()
         return all(COMPARE[op](v, float(bound)) for v in self.values)
 
+    def _bound(self, value: float) -> str:
+        """``value`` with as many digits as it takes not to read as the goal's bound (1.0302 against 1.03)."""
+        bound = float(self.goal.split()[1]) if self.goal else None
+        text = shown(value)
+        for digits in range(4, 7):
+            if bound is None or float(text.replace(",", "")) != bound or value == bound:
+                break
+            text = shown(value, digits)
+        return text
+
     def row(self) -> str:
-        spread = f"{shown(min(self.values))} to {shown(max(self.values))}" if len(self.values) > 1 else "one run"
+        lo, hi = (self._bound(v) for v in (min(self.values), max(self.values)))
+        spread = f"{lo} to {hi}" if len(self.values) > 1 else "one run"
         met = {None: "", True: "met", False: "**not met**"}[self.met()]
         goal = f"{self.goal}{self.unit}" if self.goal else ""
         return f"| {self.what} | **{shown(self.median)}{self.unit}** | {spread} | {goal} | {met} |"
