@@ -209,7 +209,7 @@ class Llama(nn.Module):
     def init_weights(self) -> None:
         """Normal(0, 0.02) for inputs, depth-scaled for the projections that write into the residual stream.
         Also (re)computes the rotary tables, so a model built on the meta device can be materialised by
-        ``to_empty`` followed by this."""
+        ``to_empty``, then ``tie_weights``, then this."""
         self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta).to(self.rope.device)
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
