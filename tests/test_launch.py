@@ -121,6 +121,7 @@ def test_multi_node_spec_is_refused_with_a_clear_error(job: Job) -> None:
     result = job.run(job.spec("name: t\nresources: {nodes: 2, procs_per_node: 1, device: cpu}\ncommand: ['true']\n"))
     assert result.returncode == 2
     assert "resources.nodes = 2" in result.stderr and "use nodes: 1" in result.stderr
+    assert "phalanx run JOB.yaml --local-nodes" in result.stderr and "phalanx agent JOB.yaml --rdzv" in result.stderr
 
 
 def _events(job: Job, kind: str) -> list[dict]:

@@ -65,7 +65,7 @@ BAD = [
     (
         "name: a\ncommand: [x]\nresources: {gpus: 2}\n",
         "resources.gpus",
-        "valid keys here are: nodes, procs_per_node, device",
+        "valid keys here are: nodes, spare_nodes, procs_per_node, device",
     ),
     ("name: a\ncommand: [x]\ncheckpoint: {asynch: true}\n", "checkpoint.asynch", "every_steps, async, keep_last"),
     ("name: a\ncommand: [x]\ndata: {sources: [{path: p, wieght: 2}]}\n", "data.sources.0.wieght", "path, weight"),
@@ -157,5 +157,36 @@ def test_the_spec_reference_in_docs_is_generated_from_the_models() -> None:
     assert (Path(__file__).resolve().parent.parent / "docs" / "spec.md").read_text() == text, "run `make docs`"
     models = {"JobSpec", *JobSpec.model_json_schema()["$defs"]}
     assert models == set(SECTIONS_BY_MODEL) and text.count("\n## `") == len(models)  # a section per model
-    assert "| `hang_timeout_s` | number > 0 \\| \"auto\" | `\"auto\"` |" in text
+    assert '| `hang_timeout_s` | number > 0 \\| "auto" | `"auto"` |' in text
     assert "| `async` | boolean | `true` |" in text  # the YAML key (alias), not the Python name
+
+
+def test_what_would_fail_in_the_workers_is_found_before_launch(tmp_path: Path) -> None:
+    """A missing command, a path that is not a prepared dataset, a model vocabulary smaller than the dataset's:
+    `phalanx validate` and `run` name the field at once, instead of a worker's traceback seconds later."""
+    from phalanx.data.prepare import prepare
+
+    (tmp_path / "in.txt").write_text("enough text for a few samples of eight tokens. " * 20)
+    prepare([tmp_path / "in.txt"], tmp_path / "ds", progress=False)  # bytes: a vocabulary of 257
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: a\ntrain: {model: {preset: llama-tiny, vocab_size: 200}, seq_len: 8}\n"
+        f"data: {{sources: [{{path: '{tmp_path / 'ds'}'}}, {{path: '{tmp_path}'}}]}}\n"
+    )
+    result = _cli("validate", str(path))
+    assert result.returncode == 2
+    assert "train.model.vocab_size: 200 is less than the vocabulary of" in result.stderr
+    assert "(257 ids); use vocab_size >= 257" in result.stderr
+    assert f"data.sources.1.path: {tmp_path}/index.json: not found" in result.stderr
+    path.write_text("name: a\ncommand: [/not/here, --flag]\n")
+    ran = _cli("run", str(path), "--runs-dir", str(tmp_path / "runs"))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert "command: '/not/here': no such file" in ran.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_default_never_makes_a_valid_looking_spec_invalid() -> None:
+    short = parse_spec("name: a\ntrain: {steps: 12}\n")
+    assert short.train is not None and short.train.optimizer.warmup_steps == 1  # a tenth of the run, not 20
+    assert parse_spec("name: a\ntrain: {steps: 300}\n").train.optimizer.warmup_steps == 20  # type: ignore[union-attr]
+    with pytest.raises(SpecError, match="warmup_steps: 20 is longer than the run"):  # written: checked
+        parse_spec("name: a\ntrain: {steps: 12, optimizer: {warmup_steps: 20}}\n")

@@ -24,13 +24,13 @@ JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=Fal
 
 
 def _load(path: Path) -> JobSpec:
-    """The spec, checked in full (for the built-in recipe: against its model too), or exit 2 with every issue."""
+    """The spec, checked in full (against the recipe's model, the datasets, the command: launch/preflight.py),
+    or exit 2 with every issue."""
+    from phalanx.launch.preflight import preflight
+
     try:
         spec = load_spec(path)
-        if spec.train is not None:
-            from phalanx.train.recipe import model_config
-
-            model_config(spec)
+        preflight(spec)
         return spec
     except SpecError as e:
         err.print(f"[bold red]invalid job spec[/] {e.source}:")
@@ -52,15 +52,27 @@ def validate(job: Path = JOB) -> None:
         )
 
 
+RUNS_DIR = typer.Option(
+    Path("runs"), help="where run directories are created: <runs-dir>/<name>/<run id> (multi-node: a shared path)"
+)
+
+
 @app.command()
 def run(
     job: Path = JOB,
-    runs_dir: Path = typer.Option(Path("runs"), help="where run directories are created: <runs-dir>/<name>/<run id>"),
+    runs_dir: Path = RUNS_DIR,
+    local_nodes: bool = typer.Option(
+        False, "--local-nodes", help="a multi-node job on this machine: an agent process per node, 127.0.0.2, .3, ..."
+    ),
 ) -> None:
     """Run a job on this machine under a supervisor; the exit code says how it ended (0 succeeded)."""
     from phalanx.launch import LaunchError, Supervisor
 
     spec = _load(job)
+    if local_nodes:
+        from phalanx.launch.local_nodes import run_local_nodes
+
+        raise typer.Exit(run_local_nodes(job, spec, runs_dir))
     try:
         supervisor = Supervisor(spec, runs_dir)
     except LaunchError as e:
@@ -68,6 +80,43 @@ def run(
         raise typer.Exit(2) from None
     result = supervisor.run()
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def agent(
+    job: Path = JOB,
+    rdzv: str = typer.Option(..., "--rdzv", help="HOST:PORT of the rendezvous, which node 0's agent hosts"),
+    node_rank: int = typer.Option(
+        ..., "--node-rank", min=0, help="this agent's node: 0 hosts the rendezvous; nodes, nodes + 1, ... are spares"
+    ),
+    addr: str | None = typer.Option(
+        None, help="this node's address as the others reach it (default: node 0 the rendezvous host, else the hostname)"
+    ),
+    runs_dir: Path = RUNS_DIR,
+    join_timeout_s: float = typer.Option(600.0, "--join-timeout-s", help="how long to wait for the other nodes"),
+) -> None:
+    """Run this machine's part of a multi-node job: one agent per node, like torchrun's (docs/multinode.md)."""
+    import socket
+
+    from phalanx.launch import HostedRendezvous, LaunchError, NodeAgent, Supervisor
+    from phalanx.launch.rendezvous import host_store
+    from phalanx.launch.supervisor import STORE_TIMEOUT_S
+
+    spec = _load(job)
+    host, _, port = rdzv.rpartition(":")
+    if not host or not port.isdigit():
+        err.print(f"[bold red]--rdzv {rdzv}[/]: give HOST:PORT, e.g. 10.0.0.1:29400", highlight=False)
+        raise typer.Exit(2)
+    try:
+        if node_rank == 0:
+            store = host_store(host, int(port), STORE_TIMEOUT_S)
+            hosted = HostedRendezvous(store, addr or host, join_timeout_s)
+            raise typer.Exit(Supervisor(spec, runs_dir, rendezvous=hosted).run().exit_code)
+        node = NodeAgent(spec, (host, int(port)), node_rank, addr or socket.gethostname(), join_timeout_s)
+        raise typer.Exit(node.run())
+    except (LaunchError, OSError) as e:
+        err.print(f"[bold red]cannot start[/] {spec.name} node {node_rank}: {e}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Prepare and check tokenized datasets.")

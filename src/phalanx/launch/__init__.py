@@ -1,5 +1,8 @@
-"""Per-node supervisor: spawn workers, c10d rendezvous, watch exits, forward signals, report the outcome."""
+"""Launching a job: the supervisor (the attempt loop, on node 0), the node agents of other nodes, the
+rendezvous they share, and the worker processes of each node."""
 
-from phalanx.launch.supervisor import LaunchError, Outcome, RunResult, Supervisor
+from phalanx.launch.agent import NodeAgent
+from phalanx.launch.fleet import LaunchError
+from phalanx.launch.supervisor import HostedRendezvous, Outcome, RunResult, Supervisor
 
-__all__ = ["LaunchError", "Outcome", "RunResult", "Supervisor"]
+__all__ = ["HostedRendezvous", "LaunchError", "NodeAgent", "Outcome", "RunResult", "Supervisor"]

@@ -1,4 +1,7 @@
-"""The per-node supervisor: start the workers, watch them, stop them, say how the job ended.
+"""The job's supervisor: the attempt loop of one job, on one node or many. It runs on node 0 (``phalanx run``,
+or ``phalanx agent --node-rank 0``): it starts each attempt on the member nodes (launch/fleet.py), watches
+them, ends the attempt everywhere when anything fails, and decides what comes next: restart from the last
+valid checkpoint, replace or leave out a node, or stop, and says how the job ended.
 
 Why not torch.distributed.elastic's agent (LocalElasticAgent, what torchrun runs)? We evaluated it and use
 its protocols but not its control loop:
@@ -16,12 +19,12 @@ file (TORCHELASTIC_ERROR_FILE, written by ``@record``) for a rank's root cause.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import enum
+import hashlib
 import json
+import math
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -30,7 +33,10 @@ from typing import Any, TextIO
 
 from torch.distributed import TCPStore
 
-from phalanx.launch.workers import Worker, WorkerGroup, describe_exit
+from phalanx.launch.fleet import AttemptRun, Fleet, LaunchError, NodeLost, RankFailed, this_agent
+from phalanx.launch.node import Plan, node_workers, worker_argv
+from phalanx.launch.rendezvous import Heartbeat, Rendezvous, host_store, join_store
+from phalanx.launch.workers import describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.console import Console
 from phalanx.obs.goodput import write_ledger
@@ -39,7 +45,7 @@ from phalanx.obs.progress import Progress, step_line
 from phalanx.obs.rundir import RunDir
 from phalanx.obs.summary import summary
 from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s, classify_exit, hang
-from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, resized
+from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, NoCapacity, Nodes, resized
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
 from phalanx.spec import JobSpec, SpecError, dump_spec
 from phalanx.train.sdk import HEARTBEAT_KEY
@@ -47,6 +53,7 @@ from phalanx.train.sdk import HEARTBEAT_KEY
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
 HANG_CHECK_S = 0.5  # how often the heartbeats are read
 STACK_DUMP_S = 2.0  # how long hung workers get to write their stacks before they are killed
+STORE_TIMEOUT_S = 300.0
 REGROW = Failure(Kind.INFRASTRUCTURE, "stopped to grow back")  # not a failure: the attempt ends on purpose
 
 
@@ -63,11 +70,9 @@ class RunResult:
     reason: str
     run_dir: str
     failed_rank: int | None = None
+    failed_node: int | None = None  # the node of the failed rank, or the node lost
+    node_lost: bool = False
     restarts: int = 0
-
-
-class LaunchError(RuntimeError):
-    """The job cannot start on this machine as specified (not a failure of the job itself)."""
 
 
 def resolve_device(requested: str, procs_per_node: int) -> str:
@@ -85,21 +90,36 @@ def resolve_device(requested: str, procs_per_node: int) -> str:
     return requested
 
 
-def worker_argv(spec: JobSpec) -> list[str]:
-    """What each worker runs; ``python`` in a command means this interpreter, as a venv user expects."""
-    if spec.command is None:
-        return [sys.executable, "-m", "phalanx.train.main"]
-    head, *rest = spec.command
-    return [sys.executable, *rest] if head in ("python", "python3") else list(spec.command)
+def spec_digest(spec: JobSpec) -> str:
+    """Every agent must run the same spec: they compare this."""
+    return hashlib.sha256(dump_spec(spec).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HostedRendezvous:
+    """Node 0's side of a multi-node job's rendezvous: the store it hosts, and its own address."""
+
+    store: TCPStore
+    addr: str
+    join_timeout_s: float
 
 
 class Supervisor:
-    def __init__(self, spec: JobSpec, runs_root: str | Path, console: TextIO = sys.stdout):
-        """Check the job can start here, then create its run directory under ``runs_root``."""
-        if spec.resources.nodes != 1:
+    def __init__(
+        self,
+        spec: JobSpec,
+        runs_root: str | Path,
+        console: TextIO = sys.stdout,
+        rendezvous: HostedRendezvous | None = None,
+    ):
+        """Check the job can start here, then create its run directory under ``runs_root``. ``rendezvous``:
+        this is node 0 of a multi-node job, hosting its rendezvous (`phalanx agent --node-rank 0`)."""
+        if spec.resources.nodes + spec.resources.spare_nodes > 1 and rendezvous is None:
             raise LaunchError(
-                f"resources.nodes = {spec.resources.nodes}: `phalanx run` runs one node on this machine; "
-                "use nodes: 1 (multi-node jobs need a cluster executor, which phalanx does not have yet)"
+                f"resources.nodes = {spec.resources.nodes} (spare_nodes = {spec.resources.spare_nodes}): "
+                "`phalanx run` runs one node on this machine; use nodes: 1, or `phalanx run JOB.yaml "
+                "--local-nodes` to run every node on this machine (an agent process per node), or `phalanx agent "
+                "JOB.yaml --rdzv HOST:PORT --node-rank N` on each machine (docs/multinode.md)"
             )
         self.spec = spec
         self.device = resolve_device(spec.resources.device, spec.resources.procs_per_node)
@@ -111,10 +131,19 @@ class Supervisor:
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
-        r = spec.resilience
-        self.capacity = Capacity(spec.resources.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
+        r, res = spec.resilience, spec.resources
+        self.capacity = Capacity(res.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
+        self.nodes = Nodes(res.nodes, r.allow_shrink, max(1, math.ceil(r.min_procs / res.procs_per_node)))
         self.attempt_spec, self.attempt_spec_path = spec, self.run_dir.spec  # what the next attempt runs
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
+        self.rendezvous = rendezvous
+        me = this_agent(rendezvous.addr if rendezvous else "127.0.0.1")
+        self.fleet = Fleet(me, Rendezvous(rendezvous.store) if rendezvous else None, r.node_timeout_s)
+        self._lost_seen = 0  # how many of the fleet's lost agents the node policy has been told about
+
+    @property
+    def multi_node(self) -> bool:
+        return self.rendezvous is not None
 
     def say(self, message: str) -> None:
         self.console.line(f"[phalanx] {message}")
@@ -135,9 +164,17 @@ class Supervisor:
             device=self.device,
             argv=worker_argv(self.spec),
         )
+        beat = None
         with self._forwarded_signals():
             try:
-                result = self._attempts()
+                if self.rendezvous is not None:
+                    beat = Heartbeat(
+                        lambda: join_store(self.rendezvous.addr, self.rendezvous.store.port, STORE_TIMEOUT_S),
+                        "coordinator/beat",
+                    )
+                    result = self._gather_nodes() or self._attempts()
+                else:
+                    result = self._attempts()
             finally:
                 self._show_progress()
                 self.console.end_status()
@@ -150,7 +187,72 @@ class Supervisor:
             self.say(f"no loss curve: {type(e).__name__}: {e}")
             plot = None
         self.console.show(summary(self.run_dir, ledger, self.progress.latest, self.progress.total_steps, plot))
+        self.fleet.finish(result.exit_code, result.reason)
+        if beat is not None:
+            beat.stop()
         return result
+
+    def _gather_nodes(self) -> RunResult | None:
+        """Publish the run and wait for every node's agent to join; a failed result if they cannot."""
+        assert self.fleet.rdzv is not None and self.rendezvous is not None
+        res = self.spec.resources
+        self.fleet.rdzv.put(
+            "run",
+            {
+                "run_dir": str(self.run_dir.root),
+                "digest": spec_digest(self.spec),
+                "nodes": res.nodes,
+                "spare_nodes": res.spare_nodes,
+            },
+        )
+        self.say(
+            f"run {self.run_dir.run_id}: waiting for {res.nodes - 1} more node(s) at "
+            f"{self.rendezvous.addr}:{self.rendezvous.store.port} (and up to {res.spare_nodes} spare(s))"
+        )
+        try:
+            self.fleet.wait_for(list(range(1, res.nodes)), self.rendezvous.join_timeout_s, lambda: bool(self._signals))
+        except LaunchError as e:
+            self.say(f"cannot start: {e}")
+            return RunResult(Outcome.FAILED, 1, str(e), str(self.run_dir.root))
+        self._poll_spares()
+        self.events.emit("nodes_joined", **self._nodes_record())
+        return None
+
+    def _nodes_record(self) -> dict[str, Any]:
+        agents = {str(n): {"addr": a.addr, "host": a.host, "pid": a.pid} for n, a in self.fleet.agents.items()}
+        return {"agents": agents, "members": self.nodes.members, "spares": self.nodes.spares, "out": self.nodes.out}
+
+    def _changed(self, change: str | None) -> None:
+        if change is not None:
+            self.say(change)
+            self.events.emit("nodes_changed", change=change, **self._nodes_record())
+
+    def _poll_spares(self) -> None:
+        """Spares that joined become available; spares found lost leave the pool (members lost are the
+        attempt's business)."""
+        for lost in self.fleet.found_lost[self._lost_seen :]:
+            if lost.node in self.nodes.spares:
+                self.say(f"spare {self.fleet.name(lost.node)} lost: no heartbeat for {lost.silent_s:.1f} s")
+                agent = self.fleet.agents[lost.node]
+                self.events.emit(
+                    "spare_lost",
+                    node=lost.node,
+                    addr=agent.addr,
+                    host=agent.host,
+                    silent_s=lost.silent_s,
+                )
+                self._changed(self.nodes.after_failure(lost.node, lost=True))
+        self._lost_seen = len(self.fleet.found_lost)
+        res = self.spec.resources
+        spares = range(res.nodes, res.nodes + res.spare_nodes)
+        try:
+            joined = self.fleet.poll_joins(list(spares))
+        except LaunchError as e:
+            self.say(f"a spare cannot serve: {e}")
+            return
+        for node in joined:
+            self.nodes.add_spare(node)
+            self.say(f"{self.fleet.name(node)} joined as a spare")
 
     def _attempts(self) -> RunResult:
         """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
@@ -173,7 +275,11 @@ class Supervisor:
                 self.say(f"not restarting: all {policy.max_restarts} restart(s) of resilience.max_restarts used")
                 return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
             restarts = self.restarts = restarts + 1
-            self._maybe_shrink(result.failed_rank, attempt)
+            try:
+                self._replace_or_shrink(result, attempt)
+            except NoCapacity as e:
+                self.say(f"not restarting: {e}")
+                return replace(result, reason=f"{result.reason} ({e})")
             wait = backoff_s(restarts, policy.restart_backoff_s)
             self.say(f"restart {restarts}/{policy.max_restarts} in {wait:g} s, from the last valid checkpoint")
             self.events.emit(
@@ -192,6 +298,19 @@ class Supervisor:
                 self.say(f"stopped by {name} before restarting")
                 stopped = RunResult(Outcome.STOPPED, 128 + self._signals[0], f"stopped by {name}", result.run_dir)
                 return replace(stopped, restarts=restarts)
+
+    def _replace_or_shrink(self, result: RunResult, attempt: int) -> None:
+        """Decide the next attempt's nodes (multi-node) or slots (one node) after ``result``'s failure."""
+        if not self.multi_node:
+            self._maybe_shrink(result.failed_rank, attempt)
+            return
+        self._poll_spares()
+        before = len(self.nodes.members)
+        self._changed(self.nodes.after_failure(result.failed_node, lost=result.node_lost))
+        if len(self.nodes.members) != before:
+            self.attempt_spec = resized(self.spec, nodes=len(self.nodes.members))
+            self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"
+            self.attempt_spec_path.write_text(dump_spec(self.attempt_spec))
 
     def _maybe_shrink(self, failed_rank: int | None, attempt: int) -> None:
         """With allow_shrink, leave out the slot whose rank keeps failing first; later attempts run without it."""
@@ -222,52 +341,85 @@ class Supervisor:
         )
         self.events.emit("grown", slots=back, procs=self.capacity.full, attempt=attempt)
 
-    def _stop_to_regrow(self, group: WorkerGroup) -> tuple[RunResult, Failure]:
+    def _stop_to_regrow(self, run: AttemptRun) -> tuple[RunResult, Failure]:
         """Stop a shrunk attempt that has trained for regrow_after_s (SIGTERM: the recipe checkpoints first)."""
         self.say(
-            f"{len(group.workers)} process(es) trained for {self.capacity.regrow_after_s:g} s since the shrink: "
+            f"{len(run.pids)} process(es) trained for {self.capacity.regrow_after_s:g} s since the shrink: "
             f"stopping them (SIGTERM, they checkpoint) to try all {self.capacity.full} again"
         )
-        self.events.emit("regrow_stop", procs=len(group.workers), after_s=self.capacity.regrow_after_s)
-        group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
+        self.events.emit("regrow_stop", procs=len(run.pids), after_s=self.capacity.regrow_after_s)
+        run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
         return RunResult(Outcome.STOPPED, 0, "stopped to grow back", str(self.run_dir.root)), REGROW
 
+    def _plan(self, attempt: int, port: int) -> Plan:
+        visible = None  # after a one-node shrink on CUDA: rank r runs on the device of slot slots[r]
+        if self.device == "cuda" and len(self.capacity.slots) < self.spec.resources.procs_per_node:
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            names = env.split(",") if env else [str(i) for i in range(self.spec.resources.procs_per_node)]
+            visible = ",".join(names[slot] for slot in self.capacity.slots)
+        return Plan(
+            attempt=attempt,
+            members=tuple(self.nodes.members),
+            procs=self.attempt_spec.resources.procs_per_node,
+            master_addr=self.fleet.me.addr,
+            master_port=port,
+            spec_path=str(self.attempt_spec_path),
+            device=self.device,
+            max_restarts=self.spec.resilience.max_restarts,
+            visible_devices=visible,
+        )
+
     def _attempt(self, attempt: int) -> tuple[RunResult, Failure | None]:
-        store = TCPStore(
-            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=300)
-        )
-        group = WorkerGroup(self._workers(attempt, store.port), self.console.line)
+        store = host_store(self.fleet.me.addr, 0, STORE_TIMEOUT_S)
+        plan = self._plan(attempt, store.port)
+        me = self.fleet.me.node
+        local = node_workers(plan, me, self.attempt_spec, self.run_dir) if me in plan.members else []
+        run = AttemptRun(self.fleet, plan, local, self.console.line)
+        where = f"{plan.world_size} worker(s) on {self.device}"
+        if self.multi_node:
+            where += f" on {len(plan.members)} node(s) ({', '.join(self.fleet.name(n) for n in plan.members)})"
         self.say(
-            (f"run {self.run_dir.run_id}" if attempt == 0 else f"attempt {attempt}")
-            + f": {len(group.workers)} worker(s) on {self.device}, logs in {self.run_dir.logs}"
+            (f"run {self.run_dir.run_id}" if attempt == 0 else f"attempt {attempt}") + f": {where}, logs in "
+            f"{self.run_dir.logs}"
         )
-        group.start(header=f"attempt {attempt}")
+        lost = run.start(header=f"attempt {attempt}")
         self.events.emit(
             "attempt_started",
             attempt=attempt,
+            rendezvous_addr=plan.master_addr,
             rendezvous_port=store.port,
-            pids={w.rank: w.proc.pid for w in group.workers if w.proc},
+            pids=run.pids,
+            nodes={str(g): n for g, n in enumerate(plan.members)},
         )
+        if lost is not None:
+            return self._stop_on_lost(run, lost)
         self.hangs.reset()
         self.stragglers.reset()
         next_hang_check = time.monotonic()
         while True:
             self._show_progress()
+            if not self._signals and self.multi_node and (sig := self.fleet.signalled()) is not None:
+                self.say(f"{signal.Signals(sig).name} reached an agent: stopping the job on every node")
+                self._signals.append(sig)
             if self._signals:
-                return self._stop_on_signal(group), None
-            failed = [w for w in group.exited() if w.returncode != 0]
-            if failed:
-                return self._stop_on_failure(group, failed[0], store)
-            if not group.running():
-                group.join()
-                self.say(f"succeeded: all {len(group.workers)} worker(s) exited with code 0")
+                return self._stop_on_signal(run), None
+            ended, how = run.poll()
+            if isinstance(how, NodeLost):
+                return self._stop_on_lost(run, how)
+            if isinstance(how, RankFailed):
+                return self._stop_on_failure(run, how, store)
+            if ended:
+                run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)  # nothing left running: collects exits
+                self.say(f"succeeded: all {plan.world_size} worker(s) exited with code 0")
                 return RunResult(Outcome.SUCCEEDED, 0, "all workers exited with code 0", str(self.run_dir.root)), None
             if time.monotonic() >= next_hang_check:
                 next_hang_check = time.monotonic() + HANG_CHECK_S
-                if (stall := self._stalled(store, group)) is not None:
-                    return self._stop_on_hang(group, stall)
+                if (stall := self._stalled(store, plan)) is not None:
+                    return self._stop_on_hang(run, stall)
                 if self._regrow_due():
-                    return self._stop_to_regrow(group)
+                    return self._stop_to_regrow(run)
+                if self.multi_node:
+                    self._poll_spares()
             time.sleep(POLL_S)
 
     def _regrow_due(self) -> bool:
@@ -278,115 +430,119 @@ class Supervisor:
         train, step = self.spec.train, self.hangs.latest_step
         return train is None or step is None or step + 1 < train.steps
 
-    def _stalled(self, store: TCPStore, group: WorkerGroup) -> Stall | None:
+    def where(self, rank: int, plan: Plan) -> str:
+        """Rank, node rank and host of a rank, in words."""
+        agent = self.fleet.agents.get(plan.node_of(rank), self.fleet.me)
+        return f"rank {rank} on node {agent.node} ({agent.addr}, host {agent.host})"
+
+    def _stalled(self, store: TCPStore, plan: Plan) -> Stall | None:
         """Read the heartbeats: report a straggler if one appeared; return the hang if there is one."""
         now = time.monotonic()
-        for w in group.workers:
-            if (beat := last_heartbeat(store, w.rank)) is not None:
-                self.hangs.observe(w.rank, beat["step"], now)
+        for rank in range(plan.world_size):
+            if (beat := last_heartbeat(store, rank)) is not None:
+                self.hangs.observe(rank, beat["step"], now)
                 if beat.get("compute_s") is not None:
-                    self.stragglers.observe(w.rank, beat["step"], beat["compute_s"])
+                    self.stragglers.observe(rank, beat["step"], beat["compute_s"])
         if (slow := self.stragglers.check()) is not None:
-            node = f"node 0 ({socket.gethostname()})"
+            node = plan.node_of(slow.rank)
             self.say(
-                f"rank {slow.rank} on {node} is a straggler: {slow.compute_s * 1e3:.1f} ms of compute per step, "
+                f"{self.where(slow.rank, plan)} is a straggler: {slow.compute_s * 1e3:.1f} ms of compute per step, "
                 f"{slow.ratio:.2f}x the other ranks' {slow.others_s * 1e3:.1f} ms (median of the last "
                 f"{STRAGGLER_WINDOW} steps); every step waits for it"
             )
-            self.events.emit("straggler", rank=slow.rank, node=node, compute_s=slow.compute_s, others_s=slow.others_s)
+            self.events.emit(
+                "straggler",
+                rank=slow.rank,
+                node=node,
+                host=self.fleet.agents[node].host if node in self.fleet.agents else None,
+                compute_s=slow.compute_s,
+                others_s=slow.others_s,
+            )
         return self.hangs.stalled(now)
 
-    def _stop_on_hang(self, group: WorkerGroup, stall: Stall) -> tuple[RunResult, Failure]:
-        """Dump every rank's Python stacks into the run directory, then kill them all: a collective stalled on
-        a peer cannot be aborted in place."""
-        failure = hang(stall)
+    def _stop_on_hang(self, run: AttemptRun, stall: Stall) -> tuple[RunResult, Failure]:
+        """Dump every rank's Python stacks (on every node) into the run directory, then kill them all: a
+        collective stalled on a peer cannot be aborted in place. A rank that does not answer the dump (stopped,
+        or stuck in the kernel) is the hung one; otherwise the rank behind the others is named."""
+        plan = run.plan
         self.say(
-            f"rank {stall.rank} {failure.why}; dumping every rank's Python stacks to "
-            f"{self.run_dir.logs}/rank-<r>.stacks.txt, then killing the workers"
+            f"no progress for {stall.silent_s:.1f} s (hang timeout {stall.timeout_s:.1f} s): dumping every rank's "
+            f"Python stacks to {self.run_dir.logs}/rank-<r>.stacks.txt, then killing the workers"
         )
-        group.send_each(signal.SIGUSR1)
+        ranks = range(plan.world_size)
+        before = {r: _size(self.run_dir.stacks(r)) for r in ranks}
+        run.dump_stacks()
         time.sleep(STACK_DUMP_S)
-        group.stop(signal.SIGKILL, 0)
-        stacks = [str(self.run_dir.stacks(w.rank)) for w in group.workers if self.run_dir.stacks(w.rank).is_file()]
+        run.stop(signal.SIGKILL, 0)
+        dumped = [r for r in ranks if _size(self.run_dir.stacks(r)) > before[r]]
+        unresponsive = [r for r in ranks if r not in dumped]
+        if unresponsive:
+            stall = replace(stall, rank=unresponsive[0])
+        failure = hang(stall)
+        node = plan.node_of(stall.rank)
         self.events.emit(
             "hang_detected",
             rank=stall.rank,
+            node=node,
+            host=self.fleet.agents[node].host if node in self.fleet.agents else None,
             step=stall.step,
             silent_s=stall.silent_s,
             timeout_s=stall.timeout_s,
-            stacks=stacks,
+            stacks=[str(self.run_dir.stacks(r)) for r in dumped],
+            unresponsive=unresponsive,
         )
+        if unresponsive:
+            self.say(f"rank(s) {', '.join(map(str, unresponsive))} did not answer the stack dump: not running")
         reason = f"rank {stall.rank} {failure.why}"
+        self.say(f"failed: {self.where(stall.rank, plan)} {failure.why}")
+        result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=stall.rank, failed_node=node)
+        return result, failure
+
+    def _stop_on_lost(
+        self, run: AttemptRun, lost: NodeLost, then: list[str] | None = None
+    ) -> tuple[RunResult, Failure]:
+        """A member node's agent stopped beating (its machine is gone): kill the workers everywhere else (their
+        collectives cannot complete) and name the node."""
+        why = (
+            f"lost: no heartbeat from its agent for {lost.silent_s:.1f} s "
+            f"(resilience.node_timeout_s {self.fleet.timeout_s:g})"
+        )
+        name = self.fleet.name(lost.node)
+        if then is None:
+            self.say(f"{name} {why}; killing the workers on the other nodes")
+            run.stop(signal.SIGKILL, 0)
+        agent = self.fleet.agents.get(lost.node)
+        self.events.emit(
+            "node_lost",
+            node=lost.node,
+            addr=agent.addr if agent else None,
+            host=agent.host if agent else None,
+            silent_s=lost.silent_s,
+            then=then or [],
+        )
+        reason = f"{name} {why}"
         self.say(f"failed: {reason}")
-        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=stall.rank), failure
+        result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=lost.node, node_lost=True)
+        return result, Failure(Kind.INFRASTRUCTURE, reason)
 
-    def _workers(self, attempt: int, port: int) -> list[Worker]:
-        spec = self.attempt_spec
-        res = spec.resources
-        devices = {}  # after a shrink on CUDA: rank r runs on the device of slot slots[r]
-        if self.device == "cuda" and len(self.capacity.slots) < self.spec.resources.procs_per_node:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            names = visible.split(",") if visible else [str(i) for i in range(self.spec.resources.procs_per_node)]
-            devices["CUDA_VISIBLE_DEVICES"] = ",".join(names[slot] for slot in self.capacity.slots)
-        base = {
-            **os.environ,
-            "OMP_NUM_THREADS": os.environ.get(
-                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // res.procs_per_node))
-            ),
-            **spec.env,
-            **devices,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(res.world_size),
-            "LOCAL_WORLD_SIZE": str(res.procs_per_node),
-            "GROUP_RANK": "0",
-            "GROUP_WORLD_SIZE": str(res.nodes),
-            "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": str(res.world_size),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RUN_ID": self.run_dir.run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
-            "TORCHELASTIC_MAX_RESTARTS": str(self.spec.resilience.max_restarts),
-            "PYTHONUNBUFFERED": "1",
-            "PHALANX_RUN_ID": self.run_dir.run_id,
-            "PHALANX_RUN_DIR": str(self.run_dir.root),
-            "PHALANX_SPEC": str(self.attempt_spec_path),
-            "PHALANX_ATTEMPT": str(attempt),
-            "PHALANX_DEVICE": self.device,
-        }
-        workers = []
-        for local_rank in range(res.procs_per_node):
-            rank = local_rank  # node 0 of 1
-            error_file = self.run_dir.error_file(rank)
-            error_file.unlink(missing_ok=True)
-            env = {
-                **base,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local_rank),
-                "ROLE_RANK": str(rank),
-                "TORCHELASTIC_ERROR_FILE": str(error_file),
-                "PHALANX_STACKS_FILE": str(self.run_dir.stacks(rank)),
-            }
-            workers.append(Worker(rank, worker_argv(spec), env, self.run_dir.log(rank)))
-        return workers
-
-    def _stop_on_failure(self, group: WorkerGroup, first: Worker, store: TCPStore) -> tuple[RunResult, Failure]:
-        assert first.proc is not None and first.returncode is not None
+    def _stop_on_failure(self, run: AttemptRun, first: RankFailed, store: TCPStore) -> tuple[RunResult, Failure]:
         step = last_step(store, first.rank)
         cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
         detail = recorded_error(self.run_dir.error_file(first.rank))
         failure = classify_exit(first.returncode, detail)
-        self.say(f"rank {first.rank} (pid {first.proc.pid}) {cause}; stopping the other workers")
-        group.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
+        on = f" on {self.fleet.name(first.node)}" if self.multi_node else ""
+        self.say(f"rank {first.rank}{on} (pid {first.pid}) {cause}; stopping the other workers")
+        codes = run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
         others = [
-            f"rank {w.rank} {describe_exit(w.returncode)}"
-            for w in group.workers
-            if w is not first and w.returncode not in (None, 0)
+            f"rank {rank} {describe_exit(code)}" for rank, code in sorted(codes.items()) if rank != first.rank and code
         ]
+        if run.lost:  # a node gone is the root cause; this rank's exit was its first consequence
+            return self._stop_on_lost(run, run.lost[0], then=[f"rank {first.rank} {cause}", *others])
         self.events.emit(
             "worker_failed",
             rank=first.rank,
-            pid=first.proc.pid,
+            node=first.node,
+            pid=first.pid,
             returncode=first.returncode,
             error=detail or None,
             failure=failure.kind,
@@ -394,22 +550,25 @@ class Supervisor:
         )
         tail = _tail(self.run_dir.log(first.rank), 15)
         self.say(
-            f"failed: rank {first.rank} {cause}"
+            f"failed: rank {first.rank}{on} {cause}"
             + (f": {detail}" if detail else "")
             + (f"\n  last lines of {self.run_dir.log(first.rank)}:\n" + tail if tail else "")
         )
         reason = f"rank {first.rank} {cause}" + (f": {detail}" if detail else "")
-        return RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank), failure
+        result = RunResult(
+            Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank, failed_node=first.node
+        )
+        return result, failure
 
-    def _stop_on_signal(self, group: WorkerGroup) -> RunResult:
+    def _stop_on_signal(self, run: AttemptRun) -> RunResult:
         sig = self._signals[0]
         name = signal.Signals(sig).name
         self.say(
-            f"received {name}: forwarding it to {len(group.running())} worker(s), "
+            f"received {name}: forwarding it to {len(run.pids)} worker(s), "
             f"{self.spec.resilience.stop_grace_s:g} s before SIGKILL (send it again to kill now)"
         )
         self.events.emit("signal_received", signal=name)
-        group.stop(sig, self.spec.resilience.stop_grace_s, abort=lambda: len(self._signals) > 1)
+        run.stop(sig, self.spec.resilience.stop_grace_s, abort=lambda: len(self._signals) > 1)
         self.say(f"stopped by {name}")
         return RunResult(Outcome.STOPPED, 128 + sig, f"stopped by {name}", str(self.run_dir.root))
 
@@ -443,6 +602,13 @@ def recorded_error(error_file: Path) -> str:
     except (OSError, ValueError):
         return ""
     return message.get("message", "") if isinstance(message, dict) else str(message)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _tail(path: Path, lines: int) -> str:

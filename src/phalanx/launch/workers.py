@@ -3,20 +3,34 @@
 Each worker runs in its own session (process group), so a signal reaches it and any processes it started
 (data-loader workers, compile workers), and a Ctrl-C at the terminal reaches only the supervisor, which
 forwards it once. Output is merged per rank and teed, line by line, to the rank's log file and to the
-console with a rank prefix.
+console with a rank prefix. A worker dies with the agent that started it (Linux's parent-death signal), as it
+would with its machine: a worker outliving its agent would go on writing to the job's run directory and
+checkpoints beside the next attempt.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In the forked child, before exec: SIGKILL this process when the thread that started it ends."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent was already gone before the signal was armed
+        os._exit(1)
 
 
 @dataclass
@@ -61,6 +75,7 @@ class WorkerGroup:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()) if sys.platform == "linux" else None,
             )
             w._pump = threading.Thread(target=self._pump, args=(w, log), name=f"rank{w.rank}-output", daemon=True)
             w._pump.start()

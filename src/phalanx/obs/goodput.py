@@ -30,7 +30,7 @@ from phalanx.obs.events import read_jsonl
 from phalanx.obs.rundir import RunDir
 
 CATEGORIES = ("productive", "lost", "checkpoint", "data", "detection", "recovery", "idle")
-FAILURES = ("worker_failed", "hang_detected")
+FAILURES = ("worker_failed", "hang_detected", "node_lost")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ def summary(
             row("", f"  shrunk to {e['procs']} process(es) without slot {e['slot']}")
         elif e["kind"] == "grown":
             row("", f"  grew back to {e['procs']} process(es)")
+        elif e["kind"] == "nodes_changed":
+            row("", f"  {e['change']}")
     row("wall time", clock(ledger.wall_s))
     row("goodput", ledger.summary().removeprefix("goodput "))
     if plot is not None:

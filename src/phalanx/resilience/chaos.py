@@ -39,6 +39,7 @@ class ChaosError(RuntimeError):
 class Attempt:
     number: int
     pids: dict[int, int]
+    addr: str  # the attempt's worker store
     port: int
 
 
@@ -68,7 +69,8 @@ def current_attempt(run: RunDir) -> Attempt:
     if not started:
         raise ChaosError(f"the run in {run.root} has not started its workers yet")
     last = started[-1]
-    return Attempt(last["attempt"], {int(r): int(p) for r, p in last["pids"].items()}, int(last["rendezvous_port"]))
+    pids = {int(r): int(p) for r, p in last["pids"].items()}
+    return Attempt(last["attempt"], pids, last["rendezvous_addr"], int(last["rendezvous_port"]))
 
 
 def wait_for_step(run: RunDir, step: int, timeout_s: float) -> None:
@@ -88,7 +90,7 @@ def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0) -> str:
         return _corrupt_newest_checkpoint(run)
     attempt = current_attempt(run)
     if fault in ("nan", "spike"):
-        store = TCPStore("127.0.0.1", attempt.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        store = TCPStore(attempt.addr, attempt.port, is_master=False, timeout=datetime.timedelta(seconds=10))
         store.set(CHAOS_LOSS_KEY, fault)
         what = "a NaN loss" if fault == "nan" else "a loss spike"
         deadline = time.monotonic() + TAKE_TIMEOUT_S

@@ -1,4 +1,5 @@
-"""Elastic shrink: when a slot of the machine (a device, and the rank on it) keeps failing, go on without it.
+"""Elastic shrink: when a slot of the machine (a device, and the rank on it) keeps failing, go on without it;
+across machines, when a node is lost or keeps failing, replace it with a spare or go on without it.
 
 A local slot whose rank is the first to fail in two attempts in a row is taken for lost capacity (a device
 that fell off the bus, a GPU with failing memory) rather than bad luck. With ``resilience.allow_shrink`` the
@@ -10,6 +11,12 @@ Whether a left-out device works again cannot be seen from here, so growing back 
 attempt has trained for ``resilience.regrow_after_s``, the supervisor stops it with SIGTERM (the recipe saves
 a checkpoint and exits) and starts the next attempt on every slot. A slot taken back that fails first again is
 left out at once, and the next try waits twice as long.
+
+Across nodes (``Nodes``), a node whose rank fails first, or that is lost, is replaced for the next attempt by
+a hot spare (the spare takes its group rank, so the job's ranks and results are the same); a failed node
+that is still alive waits as a spare itself. A node lost, or first to fail in two of its attempts in a row
+(the attempts it was a member of), is out for good. With no spare left, ``allow_shrink`` goes on with fewer
+nodes. Shrunk multi-node jobs do not grow back (a node that comes back joins as a spare of the next run).
 """
 
 from __future__ import annotations
@@ -60,11 +67,74 @@ class Capacity:
         return back
 
 
-def resized(spec: JobSpec, procs: int) -> JobSpec:
-    """``spec`` on ``procs`` processes: the data-parallel shard degree refilled (tp and dp_replicate kept).
-    Raises SpecError if the job cannot run that way (e.g. the world no longer divides by tp)."""
+class NoCapacity(RuntimeError):
+    """The job cannot go on: a node is gone and there is neither a spare nor leave to shrink."""
+
+
+class Nodes:
+    """Which agents run workers (``members``, in group-rank order), which wait as ``spares``, which are ``out``."""
+
+    def __init__(self, nodes: int, allow_shrink: bool, min_nodes: int):
+        self.members = list(range(nodes))
+        self.spares: list[int] = []
+        self.out: dict[int, str] = {}  # node -> why it is out
+        self.allow_shrink, self.min_nodes = allow_shrink, min_nodes
+        self._failures: dict[int, int] = {}  # node -> attempts in a row, as a member, in which it failed first
+
+    def add_spare(self, node: int) -> None:
+        if node not in self.members and node not in self.spares and node not in self.out:
+            self.spares.append(node)
+
+    def after_failure(self, node: int | None, lost: bool) -> str | None:
+        """Record that ``node`` failed first in the last attempt (``lost``: its agent is gone). Returns what
+        changed for the next attempt, in words, or None. Raises NoCapacity if the job cannot go on."""
+        if node is None:
+            return None
+        for member in self.members:  # the others ran an attempt without failing first
+            if member != node:
+                self._failures.pop(member, None)
+        self._failures[node] = self._failures.get(node, 0) + 1
+        gone = lost or self._failures[node] >= FAILURES_TO_EXCLUDE
+        if gone:
+            self.out[node] = "lost" if lost else f"first to fail in {FAILURES_TO_EXCLUDE} of its attempts in a row"
+        if node in self.spares:
+            self.spares.remove(node)
+            return f"spare node {node} is out ({self.out[node]})" if gone else None
+        if node not in self.members:
+            return None
+        where = self.members.index(node)
+        if self.spares:
+            spare = self.members[where] = self.spares.pop(0)
+            if not gone:
+                self.spares.append(node)
+            return f"node {node} replaced by spare node {spare}" + (f" ({self.out[node]})" if gone else "")
+        if not gone:
+            return None
+        if self.allow_shrink and len(self.members) - 1 >= self.min_nodes:
+            self.members.remove(node)
+            return f"shrinking to {len(self.members)} node(s) without node {node} ({self.out[node]}); no spare left"
+        if lost:
+            raise NoCapacity(
+                f"node {node} is lost and no spare node is left (resources.spare_nodes); "
+                + (
+                    "set resilience.allow_shrink: true to go on with fewer nodes"
+                    if not self.allow_shrink
+                    else f"resilience.min_procs keeps at least {self.min_nodes} node(s)"
+                )
+            )
+        del self.out[node]  # failing, but the job cannot run without it: keep it
+        self._failures[node] = 0
+        return None
+
+
+def resized(spec: JobSpec, procs: int | None = None, nodes: int | None = None) -> JobSpec:
+    """``spec`` on ``nodes`` x ``procs`` processes (either kept when None): the data-parallel shard degree
+    refilled (tp and dp_replicate kept). Raises SpecError if the job cannot run that way (e.g. the world no
+    longer divides by tp)."""
     data = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    data["resources"]["procs_per_node"] = procs
+    res = data["resources"]
+    res["procs_per_node"] = procs or res["procs_per_node"]
+    res["nodes"] = nodes or res["nodes"]
     if data.get("train") is not None:
         data["train"]["parallel"]["dp_shard"] = -1
-    return validate_spec(data, f"{spec.name} on {procs} process(es)")
+    return validate_spec(data, f"{spec.name} on {res['nodes']} x {res['procs_per_node']} process(es)")

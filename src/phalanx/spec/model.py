@@ -23,7 +23,12 @@ class Strict(BaseModel):
 class Resources(Strict):
     """Where the job runs: how many worker processes, on which device."""
 
-    nodes: PositiveInt = Field(default=1, description="machines; `phalanx run` runs one (1)")
+    nodes: PositiveInt = Field(
+        default=1, description="machines, an agent each (`phalanx agent`, or `phalanx run --local-nodes` on one)"
+    )
+    spare_nodes: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="extra agents that wait as hot spares and replace a failed or lost node"
+    )
     procs_per_node: PositiveInt = Field(default=1, description="worker processes per machine: one per GPU on CUDA")
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when this machine has CUDA devices, else cpu (gloo)"
@@ -79,6 +84,9 @@ class Parallel(Strict):
         return self.dp_replicate * self.dp_shard
 
 
+DEFAULT_WARMUP = 20
+
+
 class Optimizer(Strict):
     """AdamW with a warmup and a decay schedule."""
 
@@ -86,7 +94,10 @@ class Optimizer(Strict):
     min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         default=0.1, description="the schedule decays to lr x this by the last step"
     )
-    warmup_steps: Annotated[int, Field(ge=0)] = Field(default=20, description="linear warmup from 0; at most steps")
+    warmup_steps: Annotated[int, Field(ge=0)] = Field(
+        default=DEFAULT_WARMUP,
+        description=f"linear warmup from 0; at most train.steps; default {DEFAULT_WARMUP}, or a tenth of a shorter run",
+    )
     schedule: Literal["cosine", "linear", "constant"] = Field(default="cosine", description="decay after the warmup")
     weight_decay: Annotated[float, Field(ge=0.0)] = Field(default=0.1, description="AdamW's decoupled weight decay")
     betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
@@ -125,6 +136,14 @@ class Train(Strict):
     peak_tflops: PositiveFloat | None = Field(
         default=None, description="peak dense TFLOP/s per device for MFU; default: the table in obs/metrics.py"
     )
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> Train:
+        """A default must not make a valid-looking spec invalid: a run shorter than the default warmup warms up
+        for a tenth of its steps. (A warmup the user wrote is checked against the run, in JobSpec.)"""
+        if "warmup_steps" not in self.optimizer.model_fields_set and self.optimizer.warmup_steps > self.steps:
+            self.optimizer = self.optimizer.model_copy(update={"warmup_steps": self.steps // 10})
+        return self
 
 
 class DataSource(Strict):
@@ -190,6 +209,9 @@ class Resilience(Strict):
     )
     stop_grace_s: PositiveFloat = Field(
         default=30.0, description="after SIGTERM, how long workers get (for an emergency checkpoint) before SIGKILL"
+    )
+    node_timeout_s: Annotated[float, Field(ge=1.0)] = Field(
+        default=5.0, description="a node whose agent died (its machine gone) is found lost within this (multi-node)"
     )
 
 

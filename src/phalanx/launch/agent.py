@@ -1,0 +1,197 @@
+"""The node agent of nodes 1, 2, ...: joins node 0's rendezvous, runs this node's workers in each attempt it
+is a member of (a spare waits), and does what node 0 says: dump stacks, stop. Node 0's agent is the
+supervisor itself (launch/supervisor.py); `phalanx agent` picks the role from ``--node-rank``.
+
+An agent never decides for the job: a rank that fails here is reported to node 0, which ends the attempt on
+every node. The one thing it decides alone is what to do when node 0 is gone (its store stops answering, or
+its heartbeat stops for ``resilience.node_timeout_s``): it kills its workers, records the cause in the run
+directory and exits with code 1. The rendezvous is not taken over by another node (docs/multinode.md says
+why); the cluster manager restarts the job, which resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TextIO
+
+from phalanx.launch.fleet import POLL_S, LaunchError
+from phalanx.launch.node import Plan, node_workers
+from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, join_store
+from phalanx.launch.supervisor import Outcome, RunResult, resolve_device, spec_digest
+from phalanx.launch.workers import WorkerGroup
+from phalanx.obs import EventLog, RunDir
+from phalanx.obs.console import Console
+from phalanx.spec import JobSpec, load_spec
+
+
+class CoordinatorLost(RuntimeError):
+    pass
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        spec: JobSpec,
+        rdzv: tuple[str, int],
+        node: int,
+        addr: str,
+        join_timeout_s: float,
+        console: TextIO = sys.stdout,
+    ):
+        self.spec, self.rdzv_addr, self.node, self.addr = spec, rdzv, node, addr
+        self.join_timeout_s = join_timeout_s
+        self.console = Console(console, live=False)
+        self.timeout_s = spec.resilience.node_timeout_s
+        self.coordinator = Liveness(self.timeout_s)
+        self.run_dir: RunDir | None = None
+        self.group: WorkerGroup | None = None
+        self._signals: list[int] = []
+
+    def say(self, message: str) -> None:
+        self.console.line(f"[phalanx node {self.node}] {message}")
+
+    def run(self) -> int:
+        """Serve the job until it finishes; the job's exit code (1 if node 0 was lost)."""
+        host, port = self.rdzv_addr
+        try:
+            store = join_store(host, port, self.join_timeout_s)
+        except RuntimeError:
+            raise LaunchError(
+                f"no rendezvous at {host}:{port} within {self.join_timeout_s:g} s (is node 0's agent "
+                "running, and is that its address?)"
+            ) from None
+        store.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # each call: a silent host is lost
+        rdzv = Rendezvous(store)
+        beat = None
+        caught = (signal.SIGINT, signal.SIGTERM)  # handed to node 0, which stops the job on every node
+        previous = {sig: signal.signal(sig, lambda s, _f: self._signals.append(s)) for sig in caught}
+        try:
+            self._join(rdzv)
+            beat = Heartbeat(lambda: join_store(host, port, self.timeout_s), f"agent/{self.node}/beat")
+            return self._serve(rdzv)
+        except (RendezvousLost, CoordinatorLost) as e:
+            return self._coordinator_lost(str(e))
+        finally:
+            if beat is not None:
+                beat.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _join(self, rdzv: Rendezvous) -> None:
+        if rdzv.add(f"agent/{self.node}/claim") > 1:
+            raise LaunchError(f"node rank {self.node} is already taken by another agent of this job")
+        deadline = time.monotonic() + self.join_timeout_s
+        while (run := rdzv.get("run")) is None:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"node 0 did not publish the run within {self.join_timeout_s:g} s")
+            time.sleep(POLL_S)
+        res = self.spec.resources
+        error = None
+        if self.node >= res.nodes + res.spare_nodes:
+            error = (
+                f"--node-rank {self.node} is out of range: nodes + spare_nodes = {res.nodes + res.spare_nodes}, "
+                f"so node ranks are 0..{res.nodes + res.spare_nodes - 1}"
+            )
+        elif run["digest"] != spec_digest(self.spec):
+            error = "its job spec differs from node 0's (every agent must be given the same spec)"
+        elif not Path(run["run_dir"]).is_dir():
+            error = (
+                f"the run directory {run['run_dir']} that node 0 created is not visible here: --runs-dir must be "
+                "a path on a filesystem shared by every node"
+            )
+        else:
+            try:
+                resolve_device(res.device, res.procs_per_node)
+            except LaunchError as e:
+                error = str(e)
+        rdzv.put(
+            f"agent/{self.node}", {"addr": self.addr, "host": socket.gethostname(), "pid": os.getpid(), "error": error}
+        )
+        if error is not None:
+            raise LaunchError(error)
+        self.run_dir = RunDir(Path(run["run_dir"]))
+        role = "a member" if self.node < res.nodes else "a spare"
+        self.say(f"joined run {self.run_dir.run_id} at {self.rdzv_addr[0]}:{self.rdzv_addr[1]} as {role}")
+
+    def _watch_coordinator(self, rdzv: Rendezvous) -> None:
+        (beat,) = rdzv.counters(["coordinator/beat"])
+        self.coordinator.observe(0, beat)
+        if self.coordinator.gone():
+            raise CoordinatorLost(f"its heartbeat stopped {self.coordinator.silent_s(0):.1f} s ago")
+
+    def _serve(self, rdzv: Rendezvous) -> int:
+        attempt = 0
+        while True:
+            if self._signals:
+                rdzv.put(f"agent/{self.node}/signal", self._signals[0])
+            if (finished := rdzv.get("finished")) is not None:
+                rdzv.put(f"agent/{self.node}/finished", True)
+                self.say(f"the job ended: {finished['reason']}")
+                return int(finished["exit_code"])
+            if rdzv.has(f"attempt/{attempt + 1}/plan"):  # joined late, or a spare: catch up
+                attempt += 1
+                continue
+            if (raw := rdzv.get(f"attempt/{attempt}/plan")) is not None:
+                plan = Plan.from_json(raw)
+                if self.node in plan.members:
+                    self._run_attempt(rdzv, plan)
+                    attempt += 1
+                    continue
+            self._watch_coordinator(rdzv)
+            time.sleep(POLL_S)
+
+    def _run_attempt(self, rdzv: Rendezvous, plan: Plan) -> None:
+        assert self.run_dir is not None
+        key = f"attempt/{plan.attempt}/"
+        self.group = group = WorkerGroup(
+            node_workers(plan, self.node, load_spec(plan.spec_path), self.run_dir), self.console.line
+        )
+        group.start(header=f"attempt {plan.attempt}")
+        rdzv.put(key + f"{self.node}/started", {"pids": {w.rank: w.proc.pid for w in group.workers if w.proc}})
+        self.say(
+            f"attempt {plan.attempt}: ranks {plan.ranks(self.node).start}..{plan.ranks(self.node).stop - 1} "
+            f"(group rank {plan.group_rank(self.node)} of {len(plan.members)})"
+        )
+        reported = dumped = False
+        while (stop := rdzv.get(key + "stop")) is None:
+            if self._signals:
+                rdzv.put(f"agent/{self.node}/signal", self._signals[0])
+            if not reported:
+                failed = [w for w in group.exited() if w.returncode]
+                if failed:
+                    rdzv.put(key + f"{self.node}/exit", {"rank": failed[0].rank, "returncode": failed[0].returncode})
+                    reported = True
+                elif not group.running():
+                    rdzv.put(key + f"{self.node}/exit", {"rank": None})
+                    reported = True
+            if not dumped and rdzv.has(key + "dump"):
+                group.send_each(signal.SIGUSR1)
+                dumped = True
+            self._watch_coordinator(rdzv)
+            time.sleep(POLL_S)
+        group.stop(stop["signal"], stop["grace_s"], abort=lambda: rdzv.has(key + "kill"))
+        rdzv.put(key + f"{self.node}/stopped", {w.rank: w.returncode for w in group.workers})
+        self.group = None
+
+    def _coordinator_lost(self, why: str) -> int:
+        """Node 0 is gone: stop this node's workers, say so in the run directory, exit 1."""
+        reason = f"node 0 ({self.rdzv_addr[0]}), the rendezvous host, lost: {why}"
+        self.say(f"{reason}; killing this node's workers and exiting (the job must be started again)")
+        if self.group is not None:
+            self.group.stop(signal.SIGKILL, 0)
+        if self.run_dir is None:
+            return 1
+        EventLog(self.run_dir.events).emit("rendezvous_lost", node=self.node, addr=self.addr, cause=why)
+        result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=0, node_lost=True)
+        with contextlib.suppress(FileExistsError), self.run_dir.result.open("x") as f:  # the first survivor's
+            f.write(json.dumps(asdict(result), indent=2) + "\n")
+        return 1

@@ -1,0 +1,70 @@
+"""`phalanx run JOB.yaml --local-nodes`: every node of a multi-node job on this machine, to try the real
+multi-node path without a cluster. One `phalanx agent` process per node and per spare, node n on its own
+loopback address 127.0.0.(n + 2), node 0 hosting the rendezvous; they share this machine's filesystem, as
+nodes of a cluster share theirs.
+
+The agents run in sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which hands
+it to node 0 once (node 0 stops the job on every node); and each dies with this process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from phalanx.launch.workers import die_with_parent
+from phalanx.spec import JobSpec
+
+
+def local_addr(node: int) -> str:
+    return f"127.0.0.{node + 2}"
+
+
+def free_port(addr: str) -> int:
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
+    """Run the job's agents here; the job's exit code (node 0's, or a survivor's if node 0 died)."""
+    count = spec.resources.nodes + spec.resources.spare_nodes
+    rdzv = f"{local_addr(0)}:{free_port(local_addr(0))}"
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "phalanx",
+                "agent",
+                str(job),
+                "--rdzv",
+                rdzv,
+                "--node-rank",
+                str(node),
+                "--addr",
+                local_addr(node),
+                "--runs-dir",
+                str(runs_dir),
+            ],
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
+        for node in range(count)
+    ]
+
+    def forward(signum: int, _frame: object) -> None:
+        agents[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        codes = [agent.wait() for agent in agents]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return codes[0] if codes[0] >= 0 else max(codes[1:], default=1)

@@ -1,0 +1,105 @@
+"""One attempt's plan, and what it means for the workers of one node: their ranks and torchrun environment.
+
+Ranks are node-major: the node at group rank g runs global ranks g x procs ... g x procs + procs - 1, so that
+the innermost mesh dimension (FSDP's shard group, TP) stays within a node and replication spans nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from phalanx.launch.workers import Worker
+from phalanx.obs.rundir import RunDir
+from phalanx.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every node runs in one attempt; node 0 publishes it and every agent reads the same."""
+
+    attempt: int
+    members: tuple[int, ...]  # node ranks of the agents that run workers, in group-rank order
+    procs: int  # worker processes per node
+    master_addr: str  # the attempt's worker store (TORCHELASTIC_USE_AGENT_STORE), hosted by node 0
+    master_port: int
+    spec_path: str  # the spec this attempt runs (a resized copy after a shrink), in the shared run directory
+    device: str
+    max_restarts: int
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES after a one-node shrink: the slots left
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members) * self.procs
+
+    def group_rank(self, node: int) -> int:
+        return self.members.index(node)
+
+    def node_of(self, rank: int) -> int:
+        """The node rank of the agent that runs global ``rank``."""
+        return self.members[rank // self.procs]
+
+    def ranks(self, node: int) -> range:
+        first = self.group_rank(node) * self.procs
+        return range(first, first + self.procs)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(**{**data, "members": tuple(data["members"])})
+
+
+def worker_argv(spec: JobSpec) -> list[str]:
+    """What each worker runs; ``python`` in a command means this interpreter, as a venv user expects."""
+    if spec.command is None:
+        return [sys.executable, "-m", "phalanx.train.main"]
+    head, *rest = spec.command
+    return [sys.executable, *rest] if head in ("python", "python3") else list(spec.command)
+
+
+def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[Worker]:
+    """The workers ``node`` runs in ``plan``, each with the torchrun environment of its rank."""
+    group_rank = plan.group_rank(node)
+    base = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.procs))),
+        **spec.env,
+        **({"CUDA_VISIBLE_DEVICES": plan.visible_devices} if plan.visible_devices is not None else {}),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port),
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_WORLD_SIZE": str(plan.procs),
+        "GROUP_RANK": str(group_rank),
+        "GROUP_WORLD_SIZE": str(len(plan.members)),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(plan.world_size),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_dir.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(plan.attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(plan.max_restarts),
+        "PYTHONUNBUFFERED": "1",
+        "PHALANX_RUN_ID": run_dir.run_id,
+        "PHALANX_RUN_DIR": str(run_dir.root),
+        "PHALANX_SPEC": plan.spec_path,
+        "PHALANX_ATTEMPT": str(plan.attempt),
+        "PHALANX_DEVICE": plan.device,
+        "PHALANX_NODE_RANK": str(node),
+    }
+    workers = []
+    for local_rank, rank in enumerate(plan.ranks(node)):
+        error_file = run_dir.error_file(rank)
+        error_file.unlink(missing_ok=True)
+        env = {
+            **base,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "ROLE_RANK": str(rank),
+            "TORCHELASTIC_ERROR_FILE": str(error_file),
+            "PHALANX_STACKS_FILE": str(run_dir.stacks(rank)),
+        }
+        workers.append(Worker(rank, worker_argv(spec), env, run_dir.log(rank)))
+    return workers

@@ -1,0 +1,74 @@
+"""What can be checked on this machine before any process starts (`phalanx validate`, `run`, `agent`): the
+recipe's model against the spec, each dataset against the model and the sequence length, and the command.
+Every problem comes back as a SpecError naming its field, instead of a worker's traceback seconds later."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from phalanx.spec import JobSpec, SpecError, SpecIssue
+
+
+def preflight(spec: JobSpec) -> None:
+    """Raise SpecError with every problem found."""
+    issues = []
+    if spec.train is not None:
+        from phalanx.train.recipe import model_config
+
+        cfg = model_config(spec)  # raises its own SpecError: the model is needed for the data checks
+        issues += _data_issues(spec, cfg.vocab_size)
+    if spec.command is not None and (issue := _command_issue(spec.command[0])) is not None:
+        issues.append(issue)
+    if issues:
+        raise SpecError(spec.name, issues)
+
+
+def _command_issue(head: str) -> SpecIssue | None:
+    if head in ("python", "python3"):
+        return None  # this interpreter (launch/node.py)
+    if os.sep in head:
+        if not os.path.isfile(head):
+            return SpecIssue("command", f"{head!r}: no such file")
+        if not os.access(head, os.X_OK):
+            return SpecIssue("command", f"{head!r} is not executable (chmod +x, or run it with python)")
+        return None
+    if shutil.which(head) is None:
+        return SpecIssue("command", f"{head!r} is not a command on PATH; give its path or fix PATH")
+    return None
+
+
+def _data_issues(spec: JobSpec, vocab_size: int) -> list[SpecIssue]:
+    """Open each prepared dataset's index (not its shards' checksums: the workers do that) and check it fits."""
+    from phalanx.data.builtin import PREFIX
+    from phalanx.data.shards import DatasetError, TokenDataset
+
+    if spec.data is None or spec.train is None:
+        return []
+    issues, seq_len = [], spec.train.seq_len
+    for i, source in enumerate(spec.data.sources):
+        if source.path.startswith(PREFIX):
+            continue  # built-in: prepared by the workers on first use
+        field = f"data.sources.{i}.path"
+        try:
+            ds = TokenDataset(source.path, verify="size")
+        except DatasetError as e:
+            issues.append(SpecIssue(field, str(e)))
+            continue
+        if ds.vocab_size > vocab_size:
+            issues.append(
+                SpecIssue(
+                    "train.model.vocab_size",
+                    f"{vocab_size} is less than the vocabulary of {source.path} ({ds.vocab_size} ids); "
+                    f"use vocab_size >= {ds.vocab_size}",
+                )
+            )
+        if ds.num_samples(seq_len) == 0:
+            issues.append(
+                SpecIssue(
+                    field,
+                    f"{ds.total_tokens} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}; use a "
+                    "shorter train.seq_len or more data",
+                )
+            )
+    return issues

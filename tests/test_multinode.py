@@ -1,0 +1,232 @@
+"""Multi-node, end to end on one machine: `phalanx run --local-nodes` starts a real agent process per node, each
+on its own loopback address (127.0.0.2, .3, ...), and the workers of every node form one gloo group. Runs are
+compared with one-node runs of the same job, and after failures with a clean run, weight for weight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, Job, alive, wait_gone
+from phalanx.launch.rendezvous import BEAT_S, Liveness
+from phalanx.obs import read_jsonl
+from phalanx.resilience.elastic import NoCapacity, Nodes
+from test_resilience import _weights
+
+STEPS = 24
+
+
+def _spec(job: Job, ckpt: Path, nodes: int = 2, procs: int = 2, extra: str = "", parallel: str = "{}") -> Path:
+    return job.spec(
+        f"name: t\nresources: {{nodes: {nodes}, procs_per_node: {procs}, device: cpu{extra}}}\n"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {STEPS}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        f" parallel: {parallel}, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}}}\n"
+        f"checkpoint: {{dir: '{ckpt}', every_steps: 4, keep_last: 2}}\n"
+        "resilience: {max_restarts: 3, restart_backoff_s: 0, stop_grace_s: 5, hang_timeout_s: 5, allow_shrink: true}\n"
+    )
+
+
+def _argv(job: Job, spec: Path) -> list[str]:
+    return [*job.argv(spec), "--local-nodes"]
+
+
+def _run(job: Job, spec: Path, local_nodes: bool = True) -> tuple[str, Path]:
+    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
+    argv = _argv(job, spec) if local_nodes else job.argv(spec)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (run,) = set((job.runs / "t").iterdir()) - before
+    return result.stdout, run
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl")}
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == kind]
+
+
+def _launch(job: Job, spec: Path) -> tuple[subprocess.Popen[str], Path]:
+    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
+    sup = subprocess.Popen(_argv(job, spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
+        assert sup.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.02)
+    (run,) = new
+    return sup, run
+
+
+def _after_checkpoint(sup: subprocess.Popen[str], run: Path, steps: int = 6) -> dict:
+    """Wait until attempt 0 has committed a checkpoint and reported ``steps`` steps; its attempt_started event."""
+    deadline = time.monotonic() + 240
+    while True:
+        assert sup.poll() is None and time.monotonic() < deadline, "attempt 0 did not get that far"
+        events = list(read_jsonl(run / "events.jsonl")) if (run / "events.jsonl").is_file() else []
+        saved = any(e["kind"] == "checkpoint_committed" for e in events)
+        if saved and (run / "metrics.jsonl").is_file() and len(list(read_jsonl(run / "metrics.jsonl"))) >= steps:
+            return next(e for e in events if e["kind"] == "attempt_started")
+        time.sleep(0.02)
+
+
+def _agent_pid(run: Path, node: int) -> int:
+    (joined,) = _events(run, "nodes_joined")
+    return joined["agents"][str(node)]["pid"]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A clean 2 nodes x 2 processes FSDP2 run: (its run directory, its checkpoints)."""
+    tmp = tmp_path_factory.mktemp("clean")
+    job = Job(tmp)
+    _, run = _run(job, _spec(job, tmp / "ckpt"))
+    return run, tmp / "ckpt"
+
+
+def test_agents_give_workers_node_major_ranks_and_the_torchrun_environment(job: Job, tmp_path: Path) -> None:
+    spec = job.command_spec("allreduce.py", str(tmp_path), extra="")
+    spec.write_text(spec.read_text().replace("procs_per_node: 2", "nodes: 2, procs_per_node: 2"))
+    out, run = _run(job, spec)
+    seen = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [s["sum"] for s in seen] == [10.0] * 4  # 1 + 2 + 3 + 4 over both nodes
+    for rank, s in enumerate(seen):
+        env = s["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["PHALANX_NODE_RANK"]) == (
+            str(rank),
+            str(rank % 2),
+            str(rank // 2),
+            str(rank // 2),
+        )
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("4", "2", "2")
+        assert env["MASTER_ADDR"] == "127.0.0.2" and env["PHALANX_RUN_DIR"] == str(run)
+    # one run directory: every node's rank logs in it, one events log, one result
+    assert all("all-reduce sum 10.0" in (run / "logs" / f"rank-{r}.log").read_text() for r in range(4))
+    (joined,) = _events(run, "nodes_joined")
+    assert {n: a["addr"] for n, a in joined["agents"].items()} == {"0": "127.0.0.2", "1": "127.0.0.3"}
+    assert _events(run, "attempt_started")[0]["nodes"] == {"0": 0, "1": 1}
+    assert json.loads((run / "result.json").read_text())["outcome"] == "succeeded"
+    assert "[phalanx node 1] the job ended: all workers exited with code 0" in out
+
+
+@pytest.mark.parametrize("parallel", ["{}", "{dp_replicate: 2, dp_shard: 2}"], ids=["fsdp", "hsdp"])
+def test_two_nodes_train_with_the_losses_of_one_node(job: Job, tmp_path: Path, parallel: str) -> None:
+    """2 nodes x 2 processes against 1 node x 4: the same ranks in the same mesh, so the same losses (HSDP:
+    replicated across the nodes, sharded within each)."""
+    _, one = _run(job, _spec(job, tmp_path / "one", nodes=1, procs=4, parallel=parallel), local_nodes=False)
+    _, two = _run(job, _spec(job, tmp_path / "two", parallel=parallel))
+    assert _losses(two) == _losses(one) and len(_losses(one)) == STEPS
+
+
+def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identical(
+    job: Job, tmp_path: Path, clean: tuple[Path, Path]
+) -> None:
+    clean_run, clean_ckpt = clean
+    sup, run = _launch(job, _spec(job, tmp_path / "ckpt", extra=", spare_nodes: 1"))
+    first = _after_checkpoint(sup, run)
+    os.kill(_agent_pid(run, 1), signal.SIGKILL)  # its machine is gone: the agent and, with it, its workers
+    killed = time.time()
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-4000:]
+    (lost,) = _events(run, "node_lost")
+    assert lost["node"] == 1 and lost["addr"] == "127.0.0.3"
+    assert lost["ts"] - killed <= 5.0  # resilience.node_timeout_s: 5 by default
+    assert "node 1 (127.0.0.3) lost: no heartbeat from its agent" in out
+    (changed,) = _events(run, "nodes_changed")
+    assert changed["change"] == "node 1 replaced by spare node 2 (lost)" and changed["members"] == [0, 2]
+    second = _events(run, "attempt_started")[1]
+    assert (first["nodes"], second["nodes"]) == ({"0": 0, "1": 1}, {"0": 0, "1": 2})
+    assert not any(alive(pid) for pid in first["pids"].values())  # the lost node's workers died with it
+    summary = out[out.index("── phalanx run") :]
+    assert "1. node 1 (127.0.0.3) lost" in summary and "replaced by spare node 2" in summary
+    a = _weights(clean_ckpt, tmp_path / "a.pt", STEPS)
+    b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", STEPS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(run) == _losses(clean_run)  # every step, redone ones included, has the clean run's loss
+
+
+def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: Path, clean: tuple[Path, Path]) -> None:
+    clean_run, _ = clean
+    sup, run = _launch(job, _spec(job, tmp_path / "ckpt"))
+    _after_checkpoint(sup, run)
+    os.kill(_agent_pid(run, 1), signal.SIGKILL)
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-4000:]
+    assert "shrinking to 1 node(s) without node 1 (lost); no spare left" in out
+    assert "nodes: 1" in (run / "spec.attempt-1.yaml").read_text()
+    second = _events(run, "attempt_started")[1]
+    assert second["nodes"] == {"0": 0} and len(second["pids"]) == 2
+    # The checkpoint of 4 ranks, resharded into 2; the global batch kept: the curve of the 2-node run.
+    after = {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl") if m["ts"] > second["ts"]}
+    expected = _losses(clean_run)
+    assert max(after) == STEPS - 1
+    assert [after[s] for s in sorted(after)] == pytest.approx([expected[s] for s in sorted(after)], rel=1e-4)
+
+
+def test_when_the_rendezvous_host_dies_every_node_stops_and_says_why(job: Job, tmp_path: Path) -> None:
+    sup, run = _launch(job, _spec(job, tmp_path / "ckpt", extra=", spare_nodes: 1"))
+    first = _after_checkpoint(sup, run, steps=2)
+    os.kill(_agent_pid(run, 0), signal.SIGKILL)
+    out, _ = sup.communicate(timeout=120)
+    assert sup.returncode == 1, out[-4000:]
+    wait_gone(list(first["pids"].values()))  # every node's workers, node 0's with its agent
+    said = [e["node"] for e in _events(run, "rendezvous_lost")]
+    assert sorted(said) == [1, 2]  # the member and the spare
+    result = json.loads((run / "result.json").read_text())
+    assert result["outcome"] == "failed" and result["failed_node"] == 0
+    assert result["reason"].startswith("node 0 (127.0.0.2), the rendezvous host, lost")
+    assert "killing this node's workers and exiting (the job must be started again)" in out
+
+
+def test_a_hung_worker_on_node_1_dumps_every_node_stacks_and_the_job_restarts(job: Job, tmp_path: Path) -> None:
+    sup, run = _launch(job, _spec(job, tmp_path / "ckpt"))
+    first = _after_checkpoint(sup, run, steps=2)
+    os.kill(first["pids"]["3"], signal.SIGSTOP)
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-4000:]
+    (found,) = _events(run, "hang_detected")
+    # The stopped rank cannot answer the stack dump; every other rank, on both nodes, writes its stacks.
+    assert (found["rank"], found["node"], found["unresponsive"]) == (3, 1, [3]) and found["host"]
+    assert sorted(Path(p).name for p in found["stacks"]) == [f"rank-{r}.stacks.txt" for r in range(3)]
+    assert "Thread" in (run / "logs" / "rank-2.stacks.txt").read_text()  # on node 1
+    assert "failed: rank 3 on node 1 (127.0.0.3, host" in out and "hung: no progress past step" in out
+    assert [e["attempt"] for e in _events(run, "attempt_started")] == [0, 1]
+    assert max(_losses(run)) == STEPS - 1
+
+
+def test_node_policy_replaces_then_excludes_then_shrinks() -> None:
+    nodes = Nodes(2, allow_shrink=True, min_nodes=1)
+    nodes.add_spare(2)
+    assert nodes.after_failure(1, lost=False) == "node 1 replaced by spare node 2"
+    assert (nodes.members, nodes.spares) == ([0, 2], [1])  # alive: it waits as a spare
+    assert nodes.after_failure(2, lost=False) == "node 2 replaced by spare node 1"
+    # node 1's second attempt as a member, and it failed first again: out for good
+    assert nodes.after_failure(1, lost=False) == (
+        "node 1 replaced by spare node 2 (first to fail in 2 of its attempts in a row)"
+    )
+    assert (nodes.members, nodes.spares, list(nodes.out)) == ([0, 2], [], [1])
+    assert nodes.after_failure(0, lost=False) is None  # node 2's failures were not in a row: 0 failed between
+    assert nodes.after_failure(2, lost=False) is None  # once, no spare: the same nodes again
+    assert nodes.after_failure(2, lost=True).startswith("shrinking to 1 node(s) without node 2 (lost)")
+    assert nodes.members == [0]
+    fixed = Nodes(2, allow_shrink=False, min_nodes=1)
+    with pytest.raises(NoCapacity, match=r"node 1 is lost and no spare node is left.*allow_shrink: true"):
+        fixed.after_failure(1, lost=True)
+    kept = Nodes(2, allow_shrink=False, min_nodes=1)
+    assert kept.after_failure(0, lost=False) is None and kept.after_failure(0, lost=False) is None
+    assert kept.members == [0, 1] and not kept.out  # failing twice, but the job cannot run without it
+
+
+def test_liveness_finds_a_silent_side_within_the_timeout() -> None:
+    watch = Liveness(5.0)
+    watch.observe("a", 1, now=0.0)
+    watch.observe("a", 2, now=BEAT_S)  # its last beat
+    assert watch.gone(now=BEAT_S + 5.0 - BEAT_S - 0.01) == []
+    assert watch.gone(now=BEAT_S + 5.0 - BEAT_S + 0.01) == ["a"]  # at most 5 s after it died (after its last beat)
