@@ -18,6 +18,7 @@ from conftest import REPO, Job, alive, wait_gone
 from phalanx.launch.rendezvous import BEAT_S, Liveness
 from phalanx.obs import read_jsonl
 from phalanx.resilience.elastic import NoCapacity, Nodes
+from test_resilience import _launch as launch_in_background
 from test_resilience import _weights
 
 STEPS = 24
@@ -55,14 +56,7 @@ def _events(run: Path, kind: str) -> list[dict]:
 
 
 def _launch(job: Job, spec: Path) -> tuple[subprocess.Popen[str], Path]:
-    before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
-    sup = subprocess.Popen(_argv(job, spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    deadline = time.monotonic() + 120
-    while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
-        assert sup.poll() is None and time.monotonic() < deadline, "the run did not start"
-        time.sleep(0.02)
-    (run,) = new
-    return sup, run
+    return launch_in_background(job, spec, "--local-nodes")
 
 
 def _after_checkpoint(sup: subprocess.Popen[str], run: Path, steps: int = 6) -> dict:

@@ -56,10 +56,13 @@ def _weights(ckpt: Path, out: Path, steps: int = STEPS) -> dict[str, torch.Tenso
     return torch.load(out, weights_only=False)["train"]["model"]
 
 
-def _launch(job: Job, spec: Path) -> tuple[subprocess.Popen[str], Path]:
-    """Start ``phalanx run`` in the background; return it and its run directory once that exists."""
+def _launch(job: Job, spec: Path, *options: str) -> tuple[subprocess.Popen[str], Path]:
+    """Start ``phalanx run`` (with ``options``) in the background; return it and its run directory once that
+    exists."""
     before = set((job.runs / "t").iterdir()) if (job.runs / "t").is_dir() else set()
-    sup = subprocess.Popen(job.argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    sup = subprocess.Popen(
+        [*job.argv(spec), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
     deadline = time.monotonic() + 120
     while not (new := set((job.runs / "t").iterdir()) - before if (job.runs / "t").is_dir() else set()):
         assert sup.poll() is None and time.monotonic() < deadline, "the run did not start"

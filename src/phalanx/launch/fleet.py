@@ -74,6 +74,11 @@ class Fleet:
     def name(self, node: int) -> str:
         return self.agents[node].name if node in self.agents else f"node {node}"
 
+    def where(self, node: int) -> dict[str, str | None]:
+        """The node's address and host, for an event."""
+        agent = self.agents.get(node)
+        return {"addr": agent.addr if agent else None, "host": agent.host if agent else None}
+
     def others(self) -> list[int]:
         return [n for n in self.agents if n != self.me.node and n not in self.gone]
 

@@ -22,8 +22,6 @@ import contextlib
 import enum
 import hashlib
 import json
-import math
-import os
 import signal
 import sys
 import time
@@ -34,6 +32,7 @@ from typing import Any, TextIO
 from torch.distributed import TCPStore
 
 from phalanx.launch.fleet import AttemptRun, Fleet, LaunchError, NodeLost, RankFailed, this_agent
+from phalanx.launch.membership import Membership
 from phalanx.launch.node import Plan, node_workers, worker_argv
 from phalanx.launch.rendezvous import Heartbeat, Rendezvous, host_store, join_store
 from phalanx.launch.workers import describe_exit
@@ -45,9 +44,9 @@ from phalanx.obs.progress import Progress, step_line
 from phalanx.obs.rundir import RunDir
 from phalanx.obs.summary import summary
 from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s, classify_exit, hang
-from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, NoCapacity, Nodes, resized
+from phalanx.resilience.elastic import NoCapacity
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
-from phalanx.spec import JobSpec, SpecError, dump_spec
+from phalanx.spec import JobSpec, dump_spec
 from phalanx.train.sdk import HEARTBEAT_KEY
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
@@ -131,15 +130,11 @@ class Supervisor:
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
-        r, res = spec.resilience, spec.resources
-        self.capacity = Capacity(res.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
-        self.nodes = Nodes(res.nodes, r.allow_shrink, max(1, math.ceil(r.min_procs / res.procs_per_node)))
-        self.attempt_spec, self.attempt_spec_path = spec, self.run_dir.spec  # what the next attempt runs
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
         self.rendezvous = rendezvous
         me = this_agent(rendezvous.addr if rendezvous else "127.0.0.1")
-        self.fleet = Fleet(me, Rendezvous(rendezvous.store) if rendezvous else None, r.node_timeout_s)
-        self._lost_seen = 0  # how many of the fleet's lost agents the node policy has been told about
+        self.fleet = Fleet(me, Rendezvous(rendezvous.store) if rendezvous else None, spec.resilience.node_timeout_s)
+        self.members = Membership(spec, self.run_dir, self.fleet, self.device, self.say, self.events)
 
     @property
     def multi_node(self) -> bool:
@@ -214,45 +209,9 @@ class Supervisor:
         except LaunchError as e:
             self.say(f"cannot start: {e}")
             return RunResult(Outcome.FAILED, 1, str(e), str(self.run_dir.root))
-        self._poll_spares()
-        self.events.emit("nodes_joined", **self._nodes_record())
+        self.members.poll_spares()
+        self.events.emit("nodes_joined", **self.members.record())
         return None
-
-    def _nodes_record(self) -> dict[str, Any]:
-        agents = {str(n): {"addr": a.addr, "host": a.host, "pid": a.pid} for n, a in self.fleet.agents.items()}
-        return {"agents": agents, "members": self.nodes.members, "spares": self.nodes.spares, "out": self.nodes.out}
-
-    def _changed(self, change: str | None) -> None:
-        if change is not None:
-            self.say(change)
-            self.events.emit("nodes_changed", change=change, **self._nodes_record())
-
-    def _poll_spares(self) -> None:
-        """Spares that joined become available; spares found lost leave the pool (members lost are the
-        attempt's business)."""
-        for lost in self.fleet.found_lost[self._lost_seen :]:
-            if lost.node in self.nodes.spares:
-                self.say(f"spare {self.fleet.name(lost.node)} lost: no heartbeat for {lost.silent_s:.1f} s")
-                agent = self.fleet.agents[lost.node]
-                self.events.emit(
-                    "spare_lost",
-                    node=lost.node,
-                    addr=agent.addr,
-                    host=agent.host,
-                    silent_s=lost.silent_s,
-                )
-                self._changed(self.nodes.after_failure(lost.node, lost=True))
-        self._lost_seen = len(self.fleet.found_lost)
-        res = self.spec.resources
-        spares = range(res.nodes, res.nodes + res.spare_nodes)
-        try:
-            joined = self.fleet.poll_joins(list(spares))
-        except LaunchError as e:
-            self.say(f"a spare cannot serve: {e}")
-            return
-        for node in joined:
-            self.nodes.add_spare(node)
-            self.say(f"{self.fleet.name(node)} joined as a spare")
 
     def _attempts(self) -> RunResult:
         """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
@@ -266,7 +225,7 @@ class Supervisor:
             if failure is None:
                 return result
             if failure is REGROW:
-                self._regrow(attempt)
+                self.members.regrow(attempt)
                 continue
             if not failure.retryable:
                 self.say(f"not restarting: {failure.why}")
@@ -276,7 +235,7 @@ class Supervisor:
                 return replace(result, reason=f"{result.reason} (after {restarts} restart(s))")
             restarts = self.restarts = restarts + 1
             try:
-                self._replace_or_shrink(result, attempt)
+                self.members.after_failure(result.failed_rank, result.failed_node, result.node_lost, attempt)
             except NoCapacity as e:
                 self.say(f"not restarting: {e}")
                 return replace(result, reason=f"{result.reason} ({e})")
@@ -299,81 +258,22 @@ class Supervisor:
                 stopped = RunResult(Outcome.STOPPED, 128 + self._signals[0], f"stopped by {name}", result.run_dir)
                 return replace(stopped, restarts=restarts)
 
-    def _replace_or_shrink(self, result: RunResult, attempt: int) -> None:
-        """Decide the next attempt's nodes (multi-node) or slots (one node) after ``result``'s failure."""
-        if not self.multi_node:
-            self._maybe_shrink(result.failed_rank, attempt)
-            return
-        self._poll_spares()
-        before = len(self.nodes.members)
-        self._changed(self.nodes.after_failure(result.failed_node, lost=result.node_lost))
-        if len(self.nodes.members) != before:
-            self.attempt_spec = resized(self.spec, nodes=len(self.nodes.members))
-            self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"
-            self.attempt_spec_path.write_text(dump_spec(self.attempt_spec))
-
-    def _maybe_shrink(self, failed_rank: int | None, attempt: int) -> None:
-        """With allow_shrink, leave out the slot whose rank keeps failing first; later attempts run without it."""
-        slot = self.capacity.after_failure(failed_rank)
-        if slot is None:
-            return
-        procs = len(self.capacity.slots)
-        try:
-            self.attempt_spec = resized(self.spec, procs)
-        except SpecError as e:
-            self.capacity.keep(slot)
-            self.say(f"cannot shrink to {procs} process(es): {'; '.join(map(str, e.issues))}; keeping all of them")
-            return
-        self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"
-        self.attempt_spec_path.write_text(dump_spec(self.attempt_spec))
-        self.say(
-            f"shrinking to {procs} process(es) without local slot {slot}: its rank failed first in "
-            f"{FAILURES_TO_EXCLUDE} attempts in a row (spec of the next attempts: {self.attempt_spec_path})"
-        )
-        self.events.emit("shrunk", slot=slot, slots=self.capacity.slots, procs=procs)
-
-    def _regrow(self, attempt: int) -> None:
-        back = self.capacity.regrow()
-        self.attempt_spec, self.attempt_spec_path = self.spec, self.run_dir.spec
-        self.say(
-            f"growing back to {self.capacity.full} process(es) with slot(s) {back}; a slot that fails first again "
-            "is left out at once"
-        )
-        self.events.emit("grown", slots=back, procs=self.capacity.full, attempt=attempt)
-
     def _stop_to_regrow(self, run: AttemptRun) -> tuple[RunResult, Failure]:
         """Stop a shrunk attempt that has trained for regrow_after_s (SIGTERM: the recipe checkpoints first)."""
+        capacity = self.members.capacity
         self.say(
-            f"{len(run.pids)} process(es) trained for {self.capacity.regrow_after_s:g} s since the shrink: "
-            f"stopping them (SIGTERM, they checkpoint) to try all {self.capacity.full} again"
+            f"{len(run.pids)} process(es) trained for {capacity.regrow_after_s:g} s since the shrink: "
+            f"stopping them (SIGTERM, they checkpoint) to try all {capacity.full} again"
         )
-        self.events.emit("regrow_stop", procs=len(run.pids), after_s=self.capacity.regrow_after_s)
+        self.events.emit("regrow_stop", procs=len(run.pids), after_s=capacity.regrow_after_s)
         run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
         return RunResult(Outcome.STOPPED, 0, "stopped to grow back", str(self.run_dir.root)), REGROW
 
-    def _plan(self, attempt: int, port: int) -> Plan:
-        visible = None  # after a one-node shrink on CUDA: rank r runs on the device of slot slots[r]
-        if self.device == "cuda" and len(self.capacity.slots) < self.spec.resources.procs_per_node:
-            env = os.environ.get("CUDA_VISIBLE_DEVICES")
-            names = env.split(",") if env else [str(i) for i in range(self.spec.resources.procs_per_node)]
-            visible = ",".join(names[slot] for slot in self.capacity.slots)
-        return Plan(
-            attempt=attempt,
-            members=tuple(self.nodes.members),
-            procs=self.attempt_spec.resources.procs_per_node,
-            master_addr=self.fleet.me.addr,
-            master_port=port,
-            spec_path=str(self.attempt_spec_path),
-            device=self.device,
-            max_restarts=self.spec.resilience.max_restarts,
-            visible_devices=visible,
-        )
-
     def _attempt(self, attempt: int) -> tuple[RunResult, Failure | None]:
         store = host_store(self.fleet.me.addr, 0, STORE_TIMEOUT_S)
-        plan = self._plan(attempt, store.port)
+        plan = self.members.plan(attempt, store.port)
         me = self.fleet.me.node
-        local = node_workers(plan, me, self.attempt_spec, self.run_dir) if me in plan.members else []
+        local = node_workers(plan, me, self.members.attempt_spec, self.run_dir) if me in plan.members else []
         run = AttemptRun(self.fleet, plan, local, self.console.line)
         where = f"{plan.world_size} worker(s) on {self.device}"
         if self.multi_node:
@@ -416,19 +316,11 @@ class Supervisor:
                 next_hang_check = time.monotonic() + HANG_CHECK_S
                 if (stall := self._stalled(store, plan)) is not None:
                     return self._stop_on_hang(run, stall)
-                if self._regrow_due():
+                if self.members.regrow_due(self.hangs.first_progress, self.hangs.latest_step, time.monotonic()):
                     return self._stop_to_regrow(run)
                 if self.multi_node:
-                    self._poll_spares()
+                    self.members.poll_spares()
             time.sleep(POLL_S)
-
-    def _regrow_due(self) -> bool:
-        """A shrunk attempt has trained (reported steps) for regrow_after_s, and has steps left to train."""
-        wait, since = self.capacity.regrow_after_s, self.hangs.first_progress
-        if not self.capacity.shrunk or wait is None or since is None or time.monotonic() - since < wait:
-            return False
-        train, step = self.spec.train, self.hangs.latest_step
-        return train is None or step is None or step + 1 < train.steps
 
     def where(self, rank: int, plan: Plan) -> str:
         """Rank, node rank and host of a rank, in words."""
@@ -454,7 +346,7 @@ class Supervisor:
                 "straggler",
                 rank=slow.rank,
                 node=node,
-                host=self.fleet.agents[node].host if node in self.fleet.agents else None,
+                **self.fleet.where(node),
                 compute_s=slow.compute_s,
                 others_s=slow.others_s,
             )
@@ -484,7 +376,7 @@ class Supervisor:
             "hang_detected",
             rank=stall.rank,
             node=node,
-            host=self.fleet.agents[node].host if node in self.fleet.agents else None,
+            **self.fleet.where(node),
             step=stall.step,
             silent_s=stall.silent_s,
             timeout_s=stall.timeout_s,
@@ -511,12 +403,10 @@ class Supervisor:
         if then is None:
             self.say(f"{name} {why}; killing the workers on the other nodes")
             run.stop(signal.SIGKILL, 0)
-        agent = self.fleet.agents.get(lost.node)
         self.events.emit(
             "node_lost",
             node=lost.node,
-            addr=agent.addr if agent else None,
-            host=agent.host if agent else None,
+            **self.fleet.where(lost.node),
             silent_s=lost.silent_s,
             then=then or [],
         )

@@ -1,0 +1,135 @@
+"""Who runs the next attempt, and with which spec: on one node, which local slots (a device each, shrunk and
+grown back by ``Capacity``); across nodes, which agents (members, spares and nodes out, by ``Nodes``). The
+supervisor tells it how each failed attempt ended and asks it for each attempt's plan; it writes the resized
+spec an attempt runs after a shrink, and says every change on the console and in the events."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phalanx.launch.fleet import Fleet, LaunchError
+from phalanx.launch.node import Plan
+from phalanx.obs import EventLog, RunDir
+from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, Nodes, resized
+from phalanx.spec import JobSpec, SpecError, dump_spec
+
+
+class Membership:
+    def __init__(
+        self, spec: JobSpec, run_dir: RunDir, fleet: Fleet, device: str, say: Callable[[str], None], events: EventLog
+    ):
+        r, res = spec.resilience, spec.resources
+        self.spec, self.run_dir, self.fleet, self.device = spec, run_dir, fleet, device
+        self.say, self.events = say, events
+        self.capacity = Capacity(res.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
+        self.nodes = Nodes(res.nodes, r.allow_shrink, max(1, math.ceil(r.min_procs / res.procs_per_node)))
+        self.attempt_spec, self.attempt_spec_path = spec, run_dir.spec  # what the next attempt runs
+        self._lost_seen = 0  # how many of the fleet's lost agents have been looked at
+
+    def plan(self, attempt: int, port: int) -> Plan:
+        """The next attempt's plan, its worker store on this node at ``port``."""
+        visible = None  # after a one-node shrink on CUDA: rank r runs on the device of slot slots[r]
+        if self.device == "cuda" and self.capacity.shrunk:
+            env = os.environ.get("CUDA_VISIBLE_DEVICES")
+            names = env.split(",") if env else [str(i) for i in range(self.capacity.full)]
+            visible = ",".join(names[slot] for slot in self.capacity.slots)
+        return Plan(
+            attempt=attempt,
+            members=tuple(self.nodes.members),
+            procs=self.attempt_spec.resources.procs_per_node,
+            master_addr=self.fleet.me.addr,
+            master_port=port,
+            spec_path=str(self.attempt_spec_path),
+            device=self.device,
+            max_restarts=self.spec.resilience.max_restarts,
+            visible_devices=visible,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The nodes, for the events: every agent that joined, the members, the spares, the nodes out."""
+        agents = {str(n): {"addr": a.addr, "host": a.host, "pid": a.pid} for n, a in self.fleet.agents.items()}
+        return {"agents": agents, "members": self.nodes.members, "spares": self.nodes.spares, "out": self.nodes.out}
+
+    def poll_spares(self) -> None:
+        """Spares that joined become available; spares found lost leave the pool (members lost are the
+        attempt's business)."""
+        for lost in self.fleet.found_lost[self._lost_seen :]:
+            if lost.node in self.nodes.spares:
+                agent = self.fleet.agents[lost.node]
+                self.say(f"spare {agent.name} lost: no heartbeat for {lost.silent_s:.1f} s")
+                self.events.emit("spare_lost", node=lost.node, addr=agent.addr, host=agent.host, silent_s=lost.silent_s)
+                self._changed(self.nodes.after_failure(lost.node, lost=True))
+        self._lost_seen = len(self.fleet.found_lost)
+        res = self.spec.resources
+        try:
+            joined = self.fleet.poll_joins(list(range(res.nodes, res.nodes + res.spare_nodes)))
+        except LaunchError as e:
+            self.say(f"a spare cannot serve: {e}")
+            return
+        for node in joined:
+            self.nodes.add_spare(node)
+            self.say(f"{self.fleet.name(node)} joined as a spare")
+
+    def after_failure(self, failed_rank: int | None, failed_node: int | None, node_lost: bool, attempt: int) -> None:
+        """Decide the next attempt's nodes (multi-node) or slots (one node) after a failed attempt. Raises
+        NoCapacity if the job cannot go on."""
+        if self.fleet.rdzv is None:
+            self._shrink_slots(failed_rank, attempt)
+            return
+        self.poll_spares()
+        before = len(self.nodes.members)
+        self._changed(self.nodes.after_failure(failed_node, lost=node_lost))
+        if len(self.nodes.members) != before:
+            self._run_next(resized(self.spec, nodes=len(self.nodes.members)), attempt)
+
+    def _changed(self, change: str | None) -> None:
+        if change is not None:
+            self.say(change)
+            self.events.emit("nodes_changed", change=change, **self.record())
+
+    def _run_next(self, spec: JobSpec, attempt: int) -> Path:
+        """From ``attempt`` on, run ``spec``, written beside the run's own as spec.attempt-<n>.yaml."""
+        self.attempt_spec = spec
+        self.attempt_spec_path = self.run_dir.root / f"spec.attempt-{attempt}.yaml"
+        self.attempt_spec_path.write_text(dump_spec(spec))
+        return self.attempt_spec_path
+
+    def _shrink_slots(self, failed_rank: int | None, attempt: int) -> None:
+        """With allow_shrink, leave out the slot whose rank keeps failing first; later attempts run without it."""
+        slot = self.capacity.after_failure(failed_rank)
+        if slot is None:
+            return
+        procs = len(self.capacity.slots)
+        try:
+            spec = resized(self.spec, procs)
+        except SpecError as e:
+            self.capacity.keep(slot)
+            self.say(f"cannot shrink to {procs} process(es): {'; '.join(map(str, e.issues))}; keeping all of them")
+            return
+        path = self._run_next(spec, attempt)
+        self.say(
+            f"shrinking to {procs} process(es) without local slot {slot}: its rank failed first in "
+            f"{FAILURES_TO_EXCLUDE} attempts in a row (spec of the next attempts: {path})"
+        )
+        self.events.emit("shrunk", slot=slot, slots=self.capacity.slots, procs=procs)
+
+    def regrow_due(self, since: float | None, latest_step: int | None, now: float) -> bool:
+        """A shrunk attempt has trained (reported steps since ``since``) for regrow_after_s, and has steps left."""
+        wait = self.capacity.regrow_after_s
+        if not self.capacity.shrunk or wait is None or since is None or now - since < wait:
+            return False
+        train = self.spec.train
+        return train is None or latest_step is None or latest_step + 1 < train.steps
+
+    def regrow(self, attempt: int) -> None:
+        back = self.capacity.regrow()
+        self.attempt_spec, self.attempt_spec_path = self.spec, self.run_dir.spec
+        self.say(
+            f"growing back to {self.capacity.full} process(es) with slot(s) {back}; a slot that fails first again "
+            "is left out at once"
+        )
+        self.events.emit("grown", slots=back, procs=self.capacity.full, attempt=attempt)
