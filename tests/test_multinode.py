@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -108,6 +109,57 @@ def test_agents_give_workers_node_major_ranks_and_the_torchrun_environment(job: 
     assert _events(run, "attempt_started")[0]["nodes"] == {"0": 0, "1": 1}
     assert json.loads((run / "result.json").read_text())["outcome"] == "succeeded"
     assert "[phalanx node 1] the job ended: all workers exited with code 0" in out
+
+
+def _two_nodes(spec: Path) -> Path:
+    spec.write_text(spec.read_text().replace("procs_per_node: 2", "nodes: 2, procs_per_node: 1"))
+    return spec
+
+
+def test_a_signal_to_the_job_stops_the_workers_of_every_node(job: Job, tmp_path: Path) -> None:
+    sup = subprocess.Popen(
+        _argv(job, _two_nodes(job.command_spec("signals.py", "graceful", str(tmp_path)))),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):
+        assert sup.poll() is None and time.monotonic() < deadline, "workers never got ready"
+        time.sleep(0.05)
+    sup.send_signal(signal.SIGTERM)  # to `phalanx run --local-nodes`, which hands it to node 0
+    out, _ = sup.communicate(timeout=60)
+    assert sup.returncode == 128 + signal.SIGTERM, out
+    assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == ["SIGTERM", "SIGTERM"]  # rank 1: node 1
+    assert "[phalanx node 1] the job ended: stopped by SIGTERM" in out
+
+
+def test_an_agent_given_another_spec_is_refused_before_the_job_starts(job: Job, tmp_path: Path) -> None:
+    spec = _two_nodes(job.command_spec("allreduce.py", str(tmp_path)))
+    other = tmp_path / "other.yaml"
+    other.write_text(spec.read_text() + "env: {X: '1'}\n")
+    argv = [*job.argv(spec)[:3], "agent"]
+    node0 = subprocess.Popen(
+        [*argv, str(spec), "--rdzv", "127.0.0.2:0", "--node-rank", "0", "--runs-dir", str(job.runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (said := re.search(r"waiting for 1 more node\(s\) at 127.0.0.2:(\d+)", node0.stdout.readline())):
+        assert node0.poll() is None and time.monotonic() < deadline, "node 0 did not start"
+    rdzv = f"127.0.0.2:{said.group(1)}"
+    node1 = subprocess.run(
+        [*argv, str(other), "--rdzv", rdzv, "--node-rank", "1", "--addr", "127.0.0.3", "--runs-dir", str(job.runs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node1.returncode == 2 and "its job spec differs from node 0's" in node1.stderr
+    out, _ = node0.communicate(timeout=60)
+    assert node0.returncode == 1 and "node 1 (127.0.0.3) cannot run the job: its job spec differs" in out
+    assert not any(tmp_path.glob("rank-*.json"))  # no worker ran
 
 
 @pytest.mark.parametrize("parallel", ["{}", "{dp_replicate: 2, dp_shard: 2}"], ids=["fsdp", "hsdp"])

@@ -107,6 +107,7 @@ class Fleet:
             if node in self.agents or node in self.gone or (record := self.rdzv.get(f"agent/{node}")) is None:
                 continue
             if record.get("error"):
+                self.gone.add(node)  # said once: it is not asked again
                 raise LaunchError(f"node {node} ({record['addr']}) cannot run the job: {record['error']}")
             self.agents[node] = Agent(node, record["addr"], record["host"], record["pid"])
             self.liveness.observe(node, None)

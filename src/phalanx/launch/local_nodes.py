@@ -15,10 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from phalanx.launch.workers import die_with_parent
 from phalanx.spec import JobSpec
+
+SETTLE_S = 10.0  # after node 0 has exited, how long the other agents get to finish on their own
 
 
 def local_addr(node: int) -> str:
@@ -63,7 +66,16 @@ def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        codes = [agent.wait() for agent in agents]
+        first = agents[0].wait()
+        # The others end once they see the job's end or node 0 gone; one still waiting to join would wait
+        # for its join timeout: stop it.
+        deadline = time.monotonic() + spec.resilience.node_timeout_s + SETTLE_S
+        while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+        codes = [first, *(agent.wait() for agent in agents[1:])]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
