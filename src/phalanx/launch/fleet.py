@@ -56,8 +56,9 @@ class NodeLost:
 Ending = RankFailed | NodeLost | None  # None: every rank exited with code 0
 
 
-def this_agent(addr: str, node: int = 0) -> Agent:
-    return Agent(node, addr, socket.gethostname(), os.getpid())
+def this_agent(addr: str) -> Agent:
+    """Node 0's agent: this process."""
+    return Agent(0, addr, socket.gethostname(), os.getpid())
 
 
 class Fleet:
@@ -68,7 +69,7 @@ class Fleet:
         self.agents: dict[int, Agent] = {me.node: me}
         self.liveness = Liveness(timeout_s)
         self.timeout_s = timeout_s
-        self.gone: set[int] = set()  # agents found lost: never waited for again
+        self.gone: set[int] = set()  # agents found lost, or that cannot serve: never asked or waited for again
         self.found_lost: list[NodeLost] = []  # every agent found lost, members and spares, in order
 
     def name(self, node: int) -> str:
@@ -210,14 +211,15 @@ class AttemptRun:
             self.fleet.rdzv.put(self.key("dump"), True)
 
     def stop(self, sig: int, grace_s: float, abort: Callable[[], bool] = lambda: False) -> dict[int, int | None]:
-        """Stop the workers on every node (``sig``, then SIGKILL after ``grace_s`` or at ``abort()``); wait until
-        each member has stopped or is found lost. Returns every rank's exit code (None: on a lost node)."""
+        """Stop the workers on every node (``sig``, then SIGKILL after ``grace_s``, at ``abort()`` or when a member
+        is found lost); wait until each member has stopped or is found lost. Returns the exit code of every rank
+        not on a lost node."""
         rdzv = self.fleet.rdzv
         if rdzv is not None and self.remote:
             rdzv.put(self.key("stop"), {"signal": int(sig), "grace_s": grace_s})
 
-        def aborted() -> bool:
-            if abort():
+        def aborted() -> bool:  # a member lost meanwhile: the others' collectives cannot complete, kill now
+            if abort() or self._lost_members():
                 if rdzv is not None and self.remote:
                     rdzv.put(self.key("kill"), True)
                 return True
