@@ -1,0 +1,60 @@
+"""The fleet as the scheduler sees it: nodes with GPUs, grouped in racks, and how many GPUs each has free."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    rack: str
+    gpus: int
+
+
+class Cluster:
+    """Nodes and their free GPUs. ``allocate`` and ``release`` take a placement ({node: GPUs}); an allocation
+    that does not fit is an error, never a silent overcommit."""
+
+    def __init__(self, nodes: Iterable[Node]):
+        self.nodes: dict[str, Node] = {}
+        for node in nodes:
+            if node.name in self.nodes:
+                raise ValueError(f"node {node.name!r} is listed twice")
+            if node.gpus < 0:
+                raise ValueError(f"node {node.name!r}: {node.gpus} GPUs; a node has 0 or more")
+            self.nodes[node.name] = node
+        self.free: dict[str, int] = {name: node.gpus for name, node in self.nodes.items()}
+        self.racks: dict[str, list[str]] = {}
+        for name, node in self.nodes.items():
+            self.racks.setdefault(node.rack, []).append(name)
+
+    @classmethod
+    def uniform(cls, racks: int, nodes_per_rack: int, gpus_per_node: int) -> Cluster:
+        return cls(
+            Node(f"r{r:02d}n{n:03d}", f"r{r:02d}", gpus_per_node) for r in range(racks) for n in range(nodes_per_rack)
+        )
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.gpus for node in self.nodes.values())
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(self.free.values())
+
+    def allocate(self, placement: Mapping[str, int]) -> None:
+        for name, gpus in placement.items():
+            if name not in self.free or gpus <= 0 or gpus > self.free[name]:
+                have = self.free.get(name)
+                raise ValueError(f"cannot allocate {gpus} GPU(s) on node {name!r}: {have} free")
+        for name, gpus in placement.items():
+            self.free[name] -= gpus
+
+    def release(self, placement: Mapping[str, int]) -> None:
+        for name, gpus in placement.items():
+            if name not in self.free or gpus <= 0 or self.free[name] + gpus > self.nodes[name].gpus:
+                raise ValueError(f"cannot release {gpus} GPU(s) on node {name!r}: not allocated there")
+        for name, gpus in placement.items():
+            self.free[name] += gpus

@@ -1,0 +1,78 @@
+"""Gang placement with topology: a job of ``workers`` workers, each needing ``per_worker`` GPUs on one node, is
+placed whole or not at all (never admitted-but-unplaceable), on the fewest nodes, in one rack where possible.
+
+Workers are identical, so the fewest nodes come from taking the nodes that hold the most workers first; the
+last node taken is then the tightest one that still holds the rest (best fit: the big holes stay open for
+big jobs). The one rack that fits with the fewest nodes and the least left over is taken; if no rack can hold
+the job, the fewest nodes of any racks, those of the racks with the most room first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phalanx.control.scheduler.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: dict[str, int]  # node -> GPUs of this job there
+
+    @property
+    def nodes(self) -> int:
+        return len(self.gpus)
+
+
+def place(cluster: Cluster, workers: int, per_worker: int) -> Placement | None:
+    """Where ``workers`` x ``per_worker`` GPUs fit right now, or None if they do not."""
+    if workers <= 0 or per_worker <= 0:
+        raise ValueError(f"a gang of {workers} worker(s) x {per_worker} GPU(s): both must be at least 1")
+    slots = {name: free // per_worker for name, free in cluster.free.items() if free >= per_worker}
+    best = None  # ((nodes, GPUs left over, rack), its nodes) of the best single rack
+    for rack, names in cluster.racks.items():
+        chosen = _fewest([n for n in names if n in slots], slots, cluster.free, workers)
+        if chosen is not None:
+            score = (len(chosen), sum(cluster.free[n] for n in chosen) - workers * per_worker, rack)
+            if best is None or score < best[0]:
+                best = (score, chosen)
+    if best is not None:
+        return _placement(best[1], slots, workers, per_worker)
+    # Across racks: the fewest nodes, and among nodes that hold as many, those of the racks that hold the most
+    rack_slots = {rack: sum(slots.get(n, 0) for n in names) for rack, names in cluster.racks.items()}
+    room = {n: rack_slots[cluster.nodes[n].rack] for n in slots}
+    chosen = _fewest(list(slots), slots, cluster.free, workers, room)
+    return _placement(chosen, slots, workers, per_worker) if chosen is not None else None
+
+
+def _fewest(
+    names: Sequence[str],
+    slots: dict[str, int],
+    free: dict[str, int],
+    workers: int,
+    rack_room: dict[str, int] | None = None,
+) -> list[str] | None:
+    """The fewest of ``names`` that hold ``workers``, the last one the tightest fit; None if they cannot.
+    ``rack_room``: node -> workers its rack holds; among nodes that hold as many, those of roomier racks first."""
+    ranked = sorted(names, key=lambda n: (-slots[n], -(rack_room or {}).get(n, 0), free[n], n))
+    chosen, held = [], 0
+    for name in ranked:
+        if held >= workers:
+            break
+        chosen.append(name)
+        held += slots[name]
+    if held < workers:
+        return None
+    rest = workers - (held - slots[chosen[-1]])  # what the last node must hold
+    spare = [n for n in ranked if n not in chosen[:-1] and slots[n] >= rest]
+    chosen[-1] = min(spare, key=lambda n: (free[n], n))
+    return chosen
+
+
+def _placement(chosen: list[str], slots: dict[str, int], workers: int, per_worker: int) -> Placement:
+    gpus, left = {}, workers
+    for name in chosen:
+        take = min(slots[name], left)
+        gpus[name] = take * per_worker
+        left -= take
+    return Placement(gpus)
