@@ -26,6 +26,16 @@ class BatchSource(Protocol):
     def local_batch(self, step: int, global_batch: int, dp_rank: int, dp_size: int) -> torch.Tensor: ...
 
 
+def too_short(dataset: TokenDataset, seq_len: int) -> str | None:
+    """Why ``dataset`` cannot give one sample of ``seq_len``, or None if it can."""
+    if dataset.num_samples(seq_len) > 0:
+        return None
+    return (
+        f"{dataset.total_tokens} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}; use a shorter "
+        "train.seq_len or more data"
+    )
+
+
 class TokenSource:
     def __init__(
         self,
@@ -37,11 +47,8 @@ class TokenSource:
     ):
         names = names or [str(d.root) for d in datasets]
         for d, name in zip(datasets, names, strict=True):
-            if d.num_samples(seq_len) == 0:
-                raise DatasetError(
-                    f"data source {name}: {d.total_tokens} tokens, fewer than one sample of "
-                    f"seq_len + 1 = {seq_len + 1}; use a shorter train.seq_len or more data"
-                )
+            if (short := too_short(d, seq_len)) is not None:
+                raise DatasetError(f"data source {name}: {short}")
         self.datasets, self.seq_len = list(datasets), seq_len
         self.vocab_size = max(d.vocab_size for d in datasets)
         self.sampler = GlobalSampler([d.num_samples(seq_len) for d in datasets], weights, seed)

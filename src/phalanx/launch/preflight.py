@@ -41,7 +41,9 @@ def _command_issue(head: str) -> SpecIssue | None:
 def _data_issues(spec: JobSpec, vocab_size: int) -> list[SpecIssue]:
     """Open each prepared dataset's index (not its shards' checksums: the workers do that) and check it fits."""
     from phalanx.data.builtin import PREFIX
+    from phalanx.data.loader import too_short
     from phalanx.data.shards import DatasetError, TokenDataset
+    from phalanx.train.recipe import vocabulary_issue
 
     if spec.data is None or spec.train is None:
         return []
@@ -55,20 +57,8 @@ def _data_issues(spec: JobSpec, vocab_size: int) -> list[SpecIssue]:
         except DatasetError as e:
             issues.append(SpecIssue(field, str(e)))
             continue
-        if ds.vocab_size > vocab_size:
-            issues.append(
-                SpecIssue(
-                    "train.model.vocab_size",
-                    f"{vocab_size} is less than the vocabulary of {source.path} ({ds.vocab_size} ids); "
-                    f"use vocab_size >= {ds.vocab_size}",
-                )
-            )
-        if ds.num_samples(seq_len) == 0:
-            issues.append(
-                SpecIssue(
-                    field,
-                    f"{ds.total_tokens} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}; use a "
-                    "shorter train.seq_len or more data",
-                )
-            )
+        if (issue := vocabulary_issue(vocab_size, ds.vocab_size, source.path)) is not None:
+            issues.append(issue)
+        if (short := too_short(ds, seq_len)) is not None:
+            issues.append(SpecIssue(field, short))
     return issues

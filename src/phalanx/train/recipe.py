@@ -49,3 +49,13 @@ def model_config(spec: JobSpec) -> LlamaConfig:
     if issues:
         raise SpecError(spec.name, issues)
     return cfg
+
+
+def vocabulary_issue(vocab_size: int, data_vocab: int, data: str) -> SpecIssue | None:
+    """The model's vocabulary must hold every token id of the data it trains on (``data``: which, in words)."""
+    if data_vocab <= vocab_size:
+        return None
+    return SpecIssue(
+        "train.model.vocab_size",
+        f"{vocab_size} is less than the vocabulary of {data} ({data_vocab} ids); use vocab_size >= {data_vocab}",
+    )

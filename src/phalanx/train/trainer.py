@@ -21,11 +21,11 @@ from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
 from phalanx.obs.progress import step_line
-from phalanx.spec import SpecError, SpecIssue, dump_spec
+from phalanx.spec import SpecError, dump_spec
 from phalanx.spec.model import Optimizer
 from phalanx.train.guard import LossGuard
 from phalanx.train.parallelize import build_mesh, build_model
-from phalanx.train.recipe import model_config
+from phalanx.train.recipe import model_config, vocabulary_issue
 from phalanx.train.sdk import WorkerContext
 from phalanx.train.state import RNG, ModelAndOptimizer, Progress
 from phalanx.train.timing import ForwardComputeTimer
@@ -136,19 +136,8 @@ class Trainer:
         if spec.data is None:
             return SyntheticTokens(self.cfg.vocab_size, t.seq_len, t.seed)
         source = TokenSource.from_spec(spec.data, t.seq_len, t.seed)
-        if source.vocab_size > self.cfg.vocab_size:
-            raise SpecError(
-                spec.name,
-                [
-                    SpecIssue(
-                        "train.model.vocab_size",
-                        (
-                            f"{self.cfg.vocab_size} is less than the dataset's vocabulary ({source.vocab_size} ids); "
-                            f"use vocab_size >= {source.vocab_size}"
-                        ),
-                    )
-                ],
-            )
+        if (issue := vocabulary_issue(self.cfg.vocab_size, source.vocab_size, "the datasets")) is not None:
+            raise SpecError(spec.name, [issue])
         return source
 
     def describe(self) -> str:
