@@ -25,7 +25,7 @@ from typing import TextIO
 
 from phalanx.launch.fleet import POLL_S, LaunchError
 from phalanx.launch.node import Plan, node_workers
-from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, join_store
+from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, attempt_key, join_store
 from phalanx.launch.supervisor import Outcome, RunResult, resolve_device, spec_digest
 from phalanx.launch.workers import WorkerGroup
 from phalanx.obs import EventLog, RunDir
@@ -137,10 +137,10 @@ class NodeAgent:
                 rdzv.put(f"agent/{self.node}/finished", True)
                 self.say(f"the job ended: {finished['reason']}")
                 return int(finished["exit_code"])
-            if rdzv.has(f"attempt/{attempt + 1}/plan"):  # joined late, or a spare: catch up
+            if rdzv.has(attempt_key(attempt + 1, "plan")):  # joined late, or a spare: catch up
                 attempt += 1
                 continue
-            if (raw := rdzv.get(f"attempt/{attempt}/plan")) is not None:
+            if (raw := rdzv.get(attempt_key(attempt, "plan"))) is not None:
                 plan = Plan.from_json(raw)
                 if self.node in plan.members:
                     self._run_attempt(rdzv, plan)
@@ -151,35 +151,35 @@ class NodeAgent:
 
     def _run_attempt(self, rdzv: Rendezvous, plan: Plan) -> None:
         assert self.run_dir is not None
-        key = f"attempt/{plan.attempt}/"
+        a, me = plan.attempt, self.node
         self.group = group = WorkerGroup(
             node_workers(plan, self.node, load_spec(plan.spec_path), self.run_dir), self.console.line
         )
         group.start(header=f"attempt {plan.attempt}")
-        rdzv.put(key + f"{self.node}/started", {"pids": {w.rank: w.proc.pid for w in group.workers if w.proc}})
+        rdzv.put(attempt_key(a, "started", me), {"pids": {w.rank: w.proc.pid for w in group.workers if w.proc}})
         self.say(
             f"attempt {plan.attempt}: ranks {plan.ranks(self.node).start}..{plan.ranks(self.node).stop - 1} "
             f"(group rank {plan.group_rank(self.node)} of {len(plan.members)})"
         )
         reported = dumped = False
-        while (stop := rdzv.get(key + "stop")) is None:
+        while (stop := rdzv.get(attempt_key(a, "stop"))) is None:
             if self._signals:
                 rdzv.put(f"agent/{self.node}/signal", self._signals[0])
             if not reported:
                 failed = [w for w in group.exited() if w.returncode]
                 if failed:
-                    rdzv.put(key + f"{self.node}/exit", {"rank": failed[0].rank, "returncode": failed[0].returncode})
+                    rdzv.put(attempt_key(a, "exit", me), {"rank": failed[0].rank, "returncode": failed[0].returncode})
                     reported = True
                 elif not group.running():
-                    rdzv.put(key + f"{self.node}/exit", {"rank": None})
+                    rdzv.put(attempt_key(a, "exit", me), {"rank": None})
                     reported = True
-            if not dumped and rdzv.has(key + "dump"):
+            if not dumped and rdzv.has(attempt_key(a, "dump")):
                 group.send_each(signal.SIGUSR1)
                 dumped = True
             self._watch_coordinator(rdzv)
             time.sleep(POLL_S)
-        group.stop(stop["signal"], stop["grace_s"], abort=lambda: rdzv.has(key + "kill"))
-        rdzv.put(key + f"{self.node}/stopped", {w.rank: w.returncode for w in group.workers})
+        group.stop(stop["signal"], stop["grace_s"], abort=lambda: rdzv.has(attempt_key(a, "kill")))
+        rdzv.put(attempt_key(a, "stopped", me), {w.rank: w.returncode for w in group.workers})
         self.group = None
 
     def _coordinator_lost(self, why: str) -> int:

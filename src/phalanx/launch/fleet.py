@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.launch.node import Plan
-from phalanx.launch.rendezvous import Liveness, Rendezvous
+from phalanx.launch.rendezvous import Liveness, Rendezvous, attempt_key
 from phalanx.launch.workers import Worker, WorkerGroup
 
 POLL_S = 0.1
@@ -161,7 +161,7 @@ class AttemptRun:
         self.lost: list[NodeLost] = []  # members found lost while the attempt ran or stopped
 
     def key(self, name: str, node: int | None = None) -> str:
-        return f"attempt/{self.plan.attempt}/" + (f"{node}/{name}" if node is not None else name)
+        return attempt_key(self.plan.attempt, name, node)
 
     def start(self, header: str) -> NodeLost | None:
         """Start the workers on every member node; return once all have started (their pids in ``pids``), or

@@ -34,6 +34,11 @@ from torch.distributed import PrefixStore, Store, TCPStore
 BEAT_S = 0.5  # how often each side adds to its liveness counter
 
 
+def attempt_key(attempt: int, name: str, node: int | None = None) -> str:
+    """The key of one attempt's exchange: attempt/<a>/<name>, or attempt/<a>/<node>/<name> for a node's."""
+    return f"attempt/{attempt}/" + (f"{node}/{name}" if node is not None else name)
+
+
 class RendezvousLost(RuntimeError):
     """The store (node 0's agent) did not answer."""
 
