@@ -278,5 +278,50 @@ def chaos(
     err.print(done, highlight=False)
 
 
+@app.command()
+def sim(
+    trace: Path = typer.Argument(..., help="a Philly job table (philly_pollux_jobs.csv: timestamp, duration, ...)"),
+    start: str = typer.Option("2017-10-01", help="replay jobs submitted from this date ..."),
+    end: str = typer.Option("2017-11-01", help="... until this date (exclusive)"),
+    racks: int = typer.Option(10, min=1),
+    nodes_per_rack: int = typer.Option(8, "--nodes-per-rack", min=1),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1),
+    policies: str = typer.Option("phalanx,fifo,kueue-like,tiresias-like", help="comma-separated"),
+    seed: int = typer.Option(0, help="draws submit-time jitter (up to 60 s) and checkpoint phases"),
+    borrowing: bool = typer.Option(True, help="tenants in one cohort may borrow idle quota"),
+    checkpoint_every_s: float = typer.Option(1800.0, "--checkpoint-every-s", min=1),
+    restart_s: float = typer.Option(60.0, "--restart-s", min=0),
+    limit: int | None = typer.Option(None, help="replay only the first N jobs (a quick look)", min=1),
+    workers: int = typer.Option(2, help="processes to replay policies and tenants in", min=1),
+) -> None:
+    """Replay a GPU-cluster trace through phalanx's scheduler and the baselines on the same simulated cluster;
+    print one row per policy (docs/scheduling.md explains the columns)."""
+    import time
+
+    from phalanx.control.sim.report import COLUMNS, metrics, rows
+    from phalanx.control.sim.scenario import Scenario, replay
+    from phalanx.control.sim.simulator import Costs
+    from phalanx.control.sim.trace import TraceError
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    scenario = Scenario(
+        trace, start, end, racks, nodes_per_rack, gpus_per_node, borrowing,
+        Costs(checkpoint_every_s=checkpoint_every_s, restart_s=restart_s), seed, limit,
+    )  # fmt: skip
+    began = time.monotonic()
+    try:
+        results = replay(scenario, names, workers)
+    except (TraceError, ValueError) as e:
+        err.print(f"[bold red]cannot replay[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    table = Table(title=f"{trace.name} {start}..{end} on {scenario.gpus} GPUs, seed {seed}")
+    for heading, _, _ in COLUMNS:
+        table.add_column(heading, justify="left" if heading == "policy" else "right")
+    for row in rows([metrics(r, results.get("fifo")) for r in results.values()]):
+        table.add_row(*row)
+    stdout.print(table)
+    err.print(f"replayed in {time.monotonic() - began:.0f} s", highlight=False)
+
+
 def main() -> None:
     app()

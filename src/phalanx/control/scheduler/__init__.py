@@ -1,7 +1,36 @@
 """The scheduling core: pure functions and plain data, no I/O and no clock (the caller passes time in), so that
 the control plane and the trace simulator run the same decisions."""
 
+from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
+from phalanx.control.scheduler.jobs import Admit, Job, Policy, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
+from phalanx.control.scheduler.policy import Phalanx
+from phalanx.control.scheduler.predict import DurationPredictor
+from phalanx.control.scheduler.state import Queue, State, Usage
 
-__all__ = ["Cluster", "Node", "Placement", "place"]
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Phalanx, Fifo, KueueLike, TiresiasLike)}
+
+__all__ = [
+    "POLICIES",
+    "Admit",
+    "Cluster",
+    "DurationPredictor",
+    "Fifo",
+    "Job",
+    "KueueLike",
+    "Node",
+    "Phalanx",
+    "Placement",
+    "Policy",
+    "Preempt",
+    "Queue",
+    "Round",
+    "Run",
+    "State",
+    "Tenant",
+    "TiresiasLike",
+    "Usage",
+    "Wait",
+    "place",
+]

@@ -15,7 +15,9 @@ class Node:
 
 class Cluster:
     """Nodes and their free GPUs. ``allocate`` and ``release`` take a placement ({node: GPUs}); an allocation
-    that does not fit is an error, never a silent overcommit."""
+    that does not fit is an error, never a silent overcommit. Nodes are also indexed by how many GPUs they
+    have free (``by_free``, insertion-ordered for determinism), so a job that fits on one node finds its
+    tightest node without a scan of the fleet."""
 
     def __init__(self, nodes: Iterable[Node]):
         self.nodes: dict[str, Node] = {}
@@ -25,9 +27,11 @@ class Cluster:
             if node.gpus < 0:
                 raise ValueError(f"node {node.name!r}: {node.gpus} GPUs; a node has 0 or more")
             self.nodes[node.name] = node
-        self.free: dict[str, int] = {name: node.gpus for name, node in self.nodes.items()}
+        self.free: dict[str, int] = {}
+        self.by_free: dict[int, dict[str, None]] = {}
         self.racks: dict[str, list[str]] = {}
         for name, node in self.nodes.items():
+            self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
 
     @classmethod
@@ -35,6 +39,21 @@ class Cluster:
         return cls(
             Node(f"r{r:02d}n{n:03d}", f"r{r:02d}", gpus_per_node) for r in range(racks) for n in range(nodes_per_rack)
         )
+
+    def copy(self, caps: Mapping[str, int] | None = None) -> Cluster:
+        """The same nodes with their free GPUs now, each at most ``caps[node]`` where given: a view that work
+        can be tried on (a reservation's slack, a preemption's what-if) without touching this one."""
+        view = object.__new__(Cluster)
+        view.nodes, view.racks = self.nodes, self.racks
+        view.free, view.by_free = dict(self.free), {k: dict(names) for k, names in self.by_free.items()}
+        for name, cap in (caps or {}).items():
+            view.limit(name, cap)
+        return view
+
+    def limit(self, name: str, at_most: int) -> None:
+        """Leave at most ``at_most`` GPUs of ``name`` free in this view."""
+        if at_most < self.free[name]:
+            self._set(name, max(at_most, 0))
 
     @property
     def total_gpus(self) -> int:
@@ -50,11 +69,17 @@ class Cluster:
                 have = self.free.get(name)
                 raise ValueError(f"cannot allocate {gpus} GPU(s) on node {name!r}: {have} free")
         for name, gpus in placement.items():
-            self.free[name] -= gpus
+            self._set(name, self.free[name] - gpus)
 
     def release(self, placement: Mapping[str, int]) -> None:
         for name, gpus in placement.items():
             if name not in self.free or gpus <= 0 or self.free[name] + gpus > self.nodes[name].gpus:
                 raise ValueError(f"cannot release {gpus} GPU(s) on node {name!r}: not allocated there")
         for name, gpus in placement.items():
-            self.free[name] += gpus
+            self._set(name, self.free[name] + gpus)
+
+    def _set(self, name: str, free: int) -> None:
+        if name in self.free:
+            del self.by_free[self.free[name]][name]
+        self.free[name] = free
+        self.by_free.setdefault(free, {})[name] = None

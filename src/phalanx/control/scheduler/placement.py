@@ -1,7 +1,8 @@
 """Gang placement with topology: a job of ``workers`` workers, each needing ``per_worker`` GPUs on one node, is
 placed whole or not at all (never admitted-but-unplaceable), on the fewest nodes, in one rack where possible.
 
-Workers are identical, so the fewest nodes come from taking the nodes that hold the most workers first; the
+A gang that fits on one node goes to the tightest such node, found from the cluster's index. Otherwise:
+workers are identical, so the fewest nodes come from taking the nodes that hold the most workers first; the
 last node taken is then the tightest one that still holds the rest (best fit: the big holes stay open for
 big jobs). The one rack that fits with the fewest nodes and the least left over is taken; if no rack can hold
 the job, the fewest nodes of any racks, those of the racks with the most room first.
@@ -28,6 +29,9 @@ def place(cluster: Cluster, workers: int, per_worker: int) -> Placement | None:
     """Where ``workers`` x ``per_worker`` GPUs fit right now, or None if they do not."""
     if workers <= 0 or per_worker <= 0:
         raise ValueError(f"a gang of {workers} worker(s) x {per_worker} GPU(s): both must be at least 1")
+    one = _tightest_node(cluster, workers * per_worker)
+    if one is not None:
+        return Placement({one: workers * per_worker})
     slots = {name: free // per_worker for name, free in cluster.free.items() if free >= per_worker}
     best = None  # ((nodes, GPUs left over, rack), its nodes) of the best single rack
     for rack, names in cluster.racks.items():
@@ -43,6 +47,13 @@ def place(cluster: Cluster, workers: int, per_worker: int) -> Placement | None:
     room = {n: rack_slots[cluster.nodes[n].rack] for n in slots}
     chosen = _fewest(list(slots), slots, cluster.free, workers, room)
     return _placement(chosen, slots, workers, per_worker) if chosen is not None else None
+
+
+def _tightest_node(cluster: Cluster, gpus: int) -> str | None:
+    """The node with the fewest free GPUs that still holds ``gpus`` (one node is the fewest), from the index."""
+    for free in sorted(k for k, names in cluster.by_free.items() if k >= gpus and names):
+        return next(iter(cluster.by_free[free]))
+    return None
 
 
 def _fewest(

@@ -1,0 +1,115 @@
+"""The baselines the simulator measures phalanx against, on the same cluster, placement and cost model:
+
+- ``Fifo``: one queue in submit order; the head waits for room and everything waits behind it.
+- ``KueueLike``: Kueue's BestEffortFIFO ClusterQueues (a job that cannot start is passed over), cohort
+  borrowing (jobs within their quota first), classic preemption (reclaim from borrowers and lower priority;
+  victims the lowest priority, then the most recently admitted), killed at once, no cycle guard.
+- ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19): two queues by attained GPU-time,
+  first come first served within a queue, a job starved for ``promote_knob`` times its last run promoted back
+  to the first queue; a waiting job of a better queue preempts (kills) running jobs of worse ones. No quotas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from phalanx.control.scheduler.jobs import Job, Round, Run
+from phalanx.control.scheduler.state import State
+from phalanx.control.scheduler.work import Work
+
+
+@dataclass(frozen=True)
+class Fifo:
+    name: ClassVar[str] = "fifo"
+
+    def key(self, job: Job) -> tuple:
+        return (job.submitted,)
+
+    def schedule(self, state: State, now: float) -> Round:
+        work = Work(state, now)
+        for job in state.queue:
+            placement = work.place(job)
+            if placement is None:
+                work.wait(job, "placement", "strict FIFO: the first job waits for room")
+                work.round.otherwise = f"strict FIFO: behind {job.id}"
+                break
+            work.admit(job, placement, borrowing=False)
+        return work.round
+
+
+@dataclass(frozen=True)
+class KueueLike:
+    name: ClassVar[str] = "kueue-like"
+    plans_per_round: int = 8
+
+    def key(self, job: Job) -> tuple:
+        return (-job.priority, job.submitted)
+
+    def schedule(self, state: State, now: float) -> Round:
+        work, blocked = Work(state, now), []
+        for borrowing_pass in (False, True):
+            for job in state.queue:
+                if work.nothing_fits():
+                    break
+                borrowing, why = work.quota(job)
+                if work.seen(job) or borrowing != borrowing_pass:
+                    continue
+                if why is not None:
+                    work.wait(job, "quota", why)
+                elif (placement := work.place(job)) is not None:
+                    work.admit(job, placement, borrowing)
+                else:
+                    work.wait(job, "placement", "no room")
+                    blocked.append(job)
+        if not blocked:  # the cluster filled up before the quota-guaranteed jobs were reached
+            blocked = [job for job in state.queue if not work.seen(job) and not work.quota(job)[0]]
+        for job in blocked[: self.plans_per_round]:
+            victims = work.victims(job, work.preemptible(job, _kueue_order))
+            if victims:
+                work.preempt(victims, job, lambda run: "classic preemption", checkpoint_first=False)
+        return work.round
+
+
+def _kueue_order(run: Run, now: float) -> tuple:
+    return (run.job.priority, -run.started)
+
+
+@dataclass(frozen=True)
+class TiresiasLike:
+    name: ClassVar[str] = "tiresias-like"
+    threshold_gpu_s: float = 3600.0  # attained GPU-time that moves a job to the second queue
+    promote_knob: float = 8.0  # starved this many times its last run: back to the first queue
+    plans_per_round: int = 8
+
+    def key(self, job: Job) -> tuple:
+        return (job.submitted,)
+
+    def level(self, job: Job, now: float, started: float | None = None) -> int:
+        attained = job.attained_gpu_s + (job.gpus * (now - started) if started is not None else 0.0)
+        if attained < self.threshold_gpu_s:
+            return 0
+        waited = now - (job.queued_at if job.queued_at is not None else job.submitted)
+        starved = started is None and job.last_run_s > 0 and waited >= self.promote_knob * job.last_run_s
+        return 0 if starved else 1
+
+    def schedule(self, state: State, now: float) -> Round:
+        work = Work(state, now)
+        pending = sorted(state.queue, key=lambda job: (self.level(job, now), job.submitted, job.id))
+        worse = [run for run in state.running.values() if self.level(run.job, now, run.started) == 1]
+        plans = 0
+        for job in pending:
+            level = self.level(job, now)
+            if work.nothing_fits() and (level == 1 or not worse or plans >= self.plans_per_round):
+                break
+            if (placement := work.place(job)) is not None:
+                work.admit(job, placement, borrowing=False)
+                continue
+            work.wait(job, "placement", f"queue {level}: no room")
+            if level == 0 and worse and plans < self.plans_per_round:
+                order = sorted(worse, key=lambda run: (-run.job.submitted, run.id))  # the latest comer first
+                if victims := work.victims(job, order):
+                    plans += 1
+                    work.preempt(victims, job, lambda run: "2D-LAS: a job of the first queue", False)
+                    worse = [run for run in worse if run.id not in work.leaving]
+        return work.round

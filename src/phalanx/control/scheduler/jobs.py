@@ -1,0 +1,124 @@
+"""What the scheduler reads and what it decides: tenants, pending and running jobs, and decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from phalanx.control.scheduler.state import State
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A team's guarantee: ``nominal`` GPUs, always theirs when they ask. Within a ``cohort``, a tenant may also
+    borrow GPUs the other members leave idle, up to ``borrowing_limit`` above its nominal (None: no limit);
+    borrowed GPUs are reclaimed, by preemption, when their owner asks for them."""
+
+    name: str
+    nominal: int
+    cohort: str | None = None
+    borrowing_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nominal < 0:
+            raise ValueError(f"tenant {self.name!r}: nominal quota {self.nominal}; it must be 0 or more GPUs")
+        if self.borrowing_limit is not None and self.borrowing_limit < 0:
+            raise ValueError(f"tenant {self.name!r}: borrowing_limit {self.borrowing_limit}; 0 or more, or None")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as submitted, plus what the scheduler has done to it. ``predicted_s`` comes from submit-time
+    information only (the tenant's history: predict.py); ``preempted_by`` and ``preemptions`` keep
+    preemption from cycling; the State keeps those and the service counters when it requeues a job."""
+
+    id: str
+    tenant: str
+    workers: int  # gang size: all or none
+    per_worker: int  # GPUs of each worker, on one node
+    submitted: float
+    priority: int = 0
+    predicted_s: float = 3600.0
+    preemptions: int = 0
+    preempted_by: frozenset[str] = frozenset()
+    attained_gpu_s: float = 0.0  # service received before it was last queued (what LAS policies read)
+    queued_at: float | None = None  # when it was last queued; None: at submit
+    last_run_s: float = 0.0  # how long it ran before it was last queued
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.per_worker < 1:
+            raise ValueError(f"job {self.id!r}: {self.workers} worker(s) x {self.per_worker} GPU(s); both >= 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.per_worker
+
+
+@dataclass(frozen=True)
+class Run:
+    """A running job: where, since when, and its last committed checkpoint (work after it is lost if the job
+    is killed). ``evicting_for``: the job it was asked to checkpoint and make room for."""
+
+    job: Job
+    placement: dict[str, int]
+    started: float
+    last_checkpoint: float
+    evicting_for: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+
+@dataclass(frozen=True)
+class Admit:
+    job: str
+    placement: dict[str, int]
+    borrowing: bool  # admitted on GPUs lent by its cohort: reclaimable
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Make room for ``for_job``. ``checkpoint_first``: ask the victim to checkpoint and evict it when the
+    checkpoint commits or the grace period ends; otherwise evict now, losing the work since its last one."""
+
+    job: str
+    for_job: str
+    reason: str
+    checkpoint_first: bool
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a job is still pending, for a person: ``kind`` is one of quota, placement, reservation, preempting,
+    behind; ``behind`` the job it waits for, if one; ``estimated_start`` when known."""
+
+    job: str
+    kind: str
+    reason: str
+    behind: str | None = None
+    estimated_start: float | None = None
+
+
+@dataclass
+class Round:
+    """One round's decisions. ``why`` explains any pending job, also those the round never reached."""
+
+    admit: list[Admit] = field(default_factory=list)
+    preempt: list[Preempt] = field(default_factory=list)
+    waits: dict[str, Wait] = field(default_factory=dict)
+    otherwise: str = "not considered this round"
+
+    def why(self, job: str) -> Wait:
+        return self.waits.get(job) or Wait(job, "behind", self.otherwise)
+
+
+class Policy(Protocol):
+    """A scheduling policy: the order its queue keeps (a key fixed when a job is queued) and a round."""
+
+    name: ClassVar[str]
+
+    def key(self, job: Job) -> tuple: ...
+
+    def schedule(self, state: State, now: float) -> Round: ...

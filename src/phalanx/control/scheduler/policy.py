@@ -1,0 +1,170 @@
+"""phalanx's policy. A round, given the state and the time:
+
+1. jobs whose preemption victims have left take the room made for them;
+2. jobs within their tenant's nominal quota, in queue order: priority class, then submit time plus their
+   predicted duration (capped), so short jobs pass long ones by a bounded amount and nobody starves. The
+   first one that does not fit gets a reservation: where and when it will fit as running jobs end (their
+   predicted ends); later jobs backfill only onto GPUs that do not delay it, or if they end before it starts;
+3. jobs that must borrow their cohort's idle quota, the tenant with the least fair-share usage first (usage
+   with a half-life: see ``Usage``);
+4. preemption for jobs still blocked that are within their quota (reclaim from tenants that borrow) or that
+   outrank running jobs: victims that lose the least work since their last checkpoint, asked to checkpoint
+   first; never a job already preempted ``max_preemptions`` times, never one that preempted this job.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import ClassVar
+
+from phalanx.control.scheduler.cluster import Cluster
+from phalanx.control.scheduler.jobs import Job, Round, Run
+from phalanx.control.scheduler.placement import place
+from phalanx.control.scheduler.state import State
+from phalanx.control.scheduler.work import Work
+
+
+@dataclass(frozen=True)
+class Phalanx:
+    name: ClassVar[str] = "phalanx"
+    stretch: float = 1.0  # queue key: submitted + stretch x predicted duration ...
+    stretch_cap_s: float = 4 * 3600  # ... capped: no job is passed by more than this
+    restart_s: float = 60.0  # what a restart costs a victim, besides its work since its last checkpoint
+    max_preemptions: int = 3
+    plans_per_round: int = 8  # preemption plans a round makes at most
+
+    def key(self, job: Job) -> tuple:
+        return (-job.priority, job.submitted + min(self.stretch * job.predicted_s, self.stretch_cap_s))
+
+    def schedule(self, state: State, now: float) -> Round:
+        work = Work(state, now)
+        for job_id in state.first:
+            self._try(work, state.queue.jobs[job_id], work.cluster)
+        long_view, reserved_at, holder, blocked = None, None, None, []
+        for job in state.queue:
+            if work.nothing_fits():
+                break
+            if work.seen(job):
+                continue
+            if work.quota(job)[0]:
+                continue  # borrowing: step 3
+            if self._try(work, job, _view(work, job, long_view, reserved_at)):
+                continue
+            if long_view is None:
+                reservation = self._reserve(work, job)
+                if reservation is None:
+                    work.wait(job, "placement", f"needs {_shape(job)}; the cluster cannot hold it even empty")
+                    continue
+                reserved_at, caps = reservation
+                long_view, holder = work.view(caps), job
+                where = ", ".join(sorted(caps))
+                work.wait(job, "reservation", f"reserved: {_shape(job)} on {where} at about t={reserved_at:.0f}",
+                          at=reserved_at)  # fmt: skip
+                blocked.append(job)
+            elif work.place(job) is None:
+                work.wait(job, "placement", f"no room for {_shape(job)}; behind {holder.id}", behind=holder.id)
+                blocked.append(job)
+            else:
+                work.wait(job, "reservation", f"would delay {holder.id}, reserved at t={reserved_at:.0f}", holder.id)
+        self._borrow(work, long_view, reserved_at)
+        self._preempt(work, blocked)
+        work.round.otherwise = f"behind {len(work.round.admit)} admitted and {len(work.round.waits)} waiting jobs"
+        return work.round
+
+    def _try(self, work: Work, job: Job, view: Cluster) -> bool:
+        borrowing, why = work.quota(job)
+        if why is not None:
+            work.wait(job, "quota", why)
+            return False
+        placement = work.place(job, view)
+        if placement is None:
+            return False
+        work.admit(job, placement, borrowing, on=view)
+        return True
+
+    def _reserve(self, work: Work, job: Job) -> tuple[float, dict[str, int]] | None:
+        """When and where ``job`` fits as running jobs end at their predicted ends (a job past its prediction:
+        after as long again), and each node's GPUs that later jobs may take without delaying it."""
+        now, ends = work.now, []
+        for run in work.state.running.values():
+            end = now if run.id in work.leaving else run.started + run.job.predicted_s
+            ends.append((end if end >= now else 2 * now - run.started, run.placement))
+        ends += [(now + started.predicted_s, placement) for started, placement in work.started]
+        ends.sort(key=lambda end: end[0])
+        future, pw = work.cluster.copy(), job.per_worker
+        slots = sum(free // pw for free in future.free.values())
+        for end, placement in ends:
+            before = sum(future.free[n] // pw for n in placement)
+            future.release(placement)
+            slots += sum(future.free[n] // pw for n in placement) - before
+            if slots >= job.workers:
+                where = place(future, job.workers, pw)
+                assert where is not None
+                return end, {n: future.free[n] - g for n, g in where.gpus.items()}
+        return None
+
+    def _borrow(self, work: Work, long_view: Cluster | None, reserved_at: float | None) -> None:
+        state, now = work.state, work.now
+        heap = [(state.usage.share(t, state.tenants[t].nominal, now), t) for t in state.tenants]
+        heapq.heapify(heap)
+        jobs = {t: state.queue.of(t) for t in state.tenants}
+        while heap and not work.nothing_fits():
+            share, tenant = heapq.heappop(heap)
+            for job in jobs[tenant]:
+                if work.seen(job) or not work.quota(job)[0]:
+                    continue
+                if self._try(work, job, _view(work, job, long_view, reserved_at)):
+                    heapq.heappush(heap, (share + job.gpus / max(state.tenants[tenant].nominal, 1), tenant))
+                    break
+                if not work.may_borrow(tenant):
+                    break
+
+    def _preempt(self, work: Work, blocked: list[Job]) -> None:
+        """Reclaim and priority preemption for blocked jobs, in queue order, a few plans a round."""
+        state = work.state
+        for tenant in state.tenants.values():  # tenants under quota that the round's admissions never reached
+            if work.held[tenant.name] < tenant.nominal:
+                for job in state.queue.of(tenant.name):
+                    if not work.seen(job) and work.held[tenant.name] + job.gpus <= tenant.nominal:
+                        blocked.append(job)
+                        break
+        blocked.sort(key=lambda job: (*self.key(job), job.id))
+        plans = 0
+        for job in blocked:
+            if plans >= self.plans_per_round:
+                break
+            candidates = work.preemptible(job, self._cost, self.max_preemptions)
+            victims = work.victims(job, candidates) if candidates else None
+            if not victims:
+                continue
+            plans += 1
+            work.preempt(victims, job, lambda run, job=job: self._why(work, job, run), checkpoint_first=True)
+            names = ", ".join(run.id for run in victims)
+            work.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)
+
+    def _cost(self, run: Run, now: float) -> tuple:
+        """What evicting ``run`` loses if it cannot checkpoint first: GPU-seconds since its last checkpoint,
+        plus a restart; the most recently started first among equals."""
+        return (run.job.gpus * (now - run.last_checkpoint + self.restart_s), -run.started)
+
+    def _why(self, work: Work, job: Job, run: Run) -> str:
+        victim = run.job
+        if victim.priority < job.priority:
+            return f"priority: {job.id} (priority {job.priority}) outranks it ({victim.priority})"
+        t = work.state.tenants[victim.tenant]
+        return (
+            f"reclaim: tenant {job.tenant} needs its quota back for {job.id}; tenant {t.name} is borrowing "
+            f"({work.held[t.name]} of its {t.nominal} GPUs held)"
+        )
+
+
+def _view(work: Work, job: Job, long_view: Cluster | None, reserved_at: float | None) -> Cluster:
+    """Where ``job`` may go: anywhere free if it ends before the reservation starts, else its slack only."""
+    if long_view is None or (reserved_at is not None and work.now + job.predicted_s <= reserved_at):
+        return work.cluster
+    return long_view
+
+
+def _shape(job: Job) -> str:
+    return f"{job.workers} x {job.per_worker} GPU(s)" if job.workers > 1 else f"{job.gpus} GPU(s)"

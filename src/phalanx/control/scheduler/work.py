@@ -1,0 +1,170 @@
+"""One round's scratch space, shared by every policy: the cluster, quotas and memos as the round's own
+decisions leave them, so that no two admissions of a round take the same GPUs or the same quota."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from phalanx.control.scheduler.cluster import Cluster
+from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Wait
+from phalanx.control.scheduler.placement import Placement, place
+from phalanx.control.scheduler.state import State
+
+
+class Work:
+    def __init__(self, state: State, now: float):
+        self.state, self.now = state, now
+        self.cluster = state.cluster.copy()
+        self.free = self.cluster.free_gpus
+        self.held = dict(state.held)
+        self.cohort_nominal = {c: sum(state.tenants[t].nominal for t in ts) for c, ts in state.cohorts.items()}
+        self.cohort_held = {c: sum(self.held[t] for t in ts) for c, ts in state.cohorts.items()}
+        self.leaving = {run.id for run in state.running.values() if run.evicting_for}
+        self.round = Round()
+        self.views: list[Cluster] = []  # narrower views of the round's cluster (a reservation's slack)
+        self.admitted: set[str] = set()
+        self.started: list[tuple[Job, dict[str, int]]] = []  # admitted this round
+        self._ordered: dict[Callable, list[Run]] = {}  # running jobs, per preemption order asked for
+        self._unplaceable: dict[tuple[int, int], int] = {}  # (id of a view, per_worker) -> fewest workers that failed
+
+    # quota ---------------------------------------------------------------------------------------------------
+    def quota(self, job: Job) -> tuple[bool, str | None]:
+        """(borrowing, why not): within the tenant's nominal quota, or borrowing its cohort's idle quota
+        within its limit, or a reason it may not start now."""
+        tenant = self.state.tenants[job.tenant]
+        held, need = self.held[tenant.name], job.gpus
+        if held + need <= tenant.nominal:
+            return False, None
+        have = f"tenant {tenant.name} holds {held} of its {tenant.nominal}-GPU quota and this job needs {need}"
+        if tenant.cohort is None:
+            return True, f"{have}; it is in no cohort to borrow from"
+        over = held + need - tenant.nominal
+        if tenant.borrowing_limit is not None and over > tenant.borrowing_limit:
+            return True, f"{have}; that would borrow {over} GPUs, over its borrowing limit of {tenant.borrowing_limit}"
+        in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
+        if in_use + need > nominal:
+            return True, f"{have}; cohort {tenant.cohort} has no idle quota to lend ({in_use} of {nominal} in use)"
+        return True, None
+
+    def may_borrow(self, tenant: str) -> bool:
+        """Whether ``tenant`` could borrow a single GPU more."""
+        t = self.state.tenants[tenant]
+        if t.cohort is None or self.cohort_held[t.cohort] >= self.cohort_nominal[t.cohort]:
+            return False
+        return t.borrowing_limit is None or self.held[tenant] - t.nominal < t.borrowing_limit
+
+    # placement -----------------------------------------------------------------------------------------------
+    def place(self, job: Job, view: Cluster | None = None) -> Placement | None:
+        """Where the whole gang fits in ``view`` (default: the round's cluster); a shape that did not fit is
+        remembered, since GPUs only get taken within a round."""
+        view = view or self.cluster
+        memo = (id(view), job.per_worker)
+        if job.workers >= self._unplaceable.get(memo, 1 << 30) or (view is self.cluster and job.gpus > self.free):
+            return None
+        placement = place(view, job.workers, job.per_worker)
+        if placement is None:
+            self._unplaceable[memo] = min(job.workers, self._unplaceable.get(memo, 1 << 30))
+        return placement
+
+    def nothing_fits(self) -> bool:
+        return self.free == 0 or self._unplaceable.get((id(self.cluster), 1)) == 1
+
+    def view(self, caps: dict[str, int]) -> Cluster:
+        """A narrower view of the round's cluster, kept narrower as the round admits jobs."""
+        view = self.cluster.copy(caps)
+        self.views.append(view)
+        return view
+
+    def seen(self, job: Job) -> bool:
+        return job.id in self.round.waits or job.id in self.admitted
+
+    def admit(self, job: Job, placement: Placement, borrowing: bool, on: Cluster | None = None) -> None:
+        self.cluster.allocate(placement.gpus)
+        for view in self.views:
+            if view is on:
+                view.allocate(placement.gpus)
+            else:
+                for node in placement.gpus:
+                    view.limit(node, self.cluster.free[node])
+        self.admitted.add(job.id)
+        self.free -= job.gpus
+        self.held[job.tenant] += job.gpus
+        if (cohort := self.state.tenants[job.tenant].cohort) is not None:
+            self.cohort_held[cohort] += job.gpus
+        self.started.append((job, placement.gpus))
+        self.round.admit.append(Admit(job.id, placement.gpus, borrowing))
+
+    def wait(self, job: Job, kind: str, reason: str, behind: str | None = None, at: float | None = None) -> None:
+        self.round.waits[job.id] = Wait(job.id, kind, reason, behind, at)
+
+    # preemption ----------------------------------------------------------------------------------------------
+    def victims(self, job: Job, candidates: Iterable[Run], own_needed: int = 0) -> list[Run] | None:
+        """The victims, taken in the order given (the policy's: cheapest first), whose GPUs make ``job`` fit:
+        at least ``own_needed`` GPUs from the job's own tenant (to free its quota). None if there is no such set.
+        A job that fits on one node takes them from the node where the worst victim taken is the cheapest; a
+        gang, the cheapest prefix that makes it placeable, less those it would not use."""
+        pool = [run for run in candidates if run.id not in self.leaving]
+        if job.gpus <= max(node.gpus for node in self.cluster.nodes.values()):
+            on_node: dict[str, list[Run]] = {}
+            for run in pool:
+                for node in run.placement:
+                    on_node.setdefault(node, []).append(run)
+            best: tuple[tuple[int, int], list[Run]] | None = None  # ((worst victim's rank, victims), victims)
+            rank = {run.id: i for i, run in enumerate(pool)}
+            for node, runs in on_node.items():
+                chosen, free, own = [], self.cluster.free[node], 0
+                for run in runs:
+                    if free >= job.gpus and own >= own_needed:
+                        break
+                    chosen.append(run)
+                    free += run.placement[node]
+                    own += run.job.gpus if run.job.tenant == job.tenant else 0
+                score = (rank[chosen[-1].id] if chosen else -1, len(chosen))
+                if free >= job.gpus and own >= own_needed and (best is None or score < best[0]):
+                    best = (score, chosen)
+            return best[1] if best else None
+        what_if, chosen, own, free = self.cluster.copy(), [], 0, self.free
+        for run in pool:
+            what_if.release(run.placement)
+            chosen.append(run)
+            own += run.job.gpus if run.job.tenant == job.tenant else 0
+            free += run.job.gpus
+            if own >= own_needed and free >= job.gpus and (where := place(what_if, job.workers, job.per_worker)):
+                if own_needed:
+                    return chosen
+                return [run for run in chosen if set(run.placement) & set(where.gpus)]
+        return None
+
+    def preemptible(
+        self, job: Job, order: Callable[[Run, float], tuple], max_preemptions: int | None = None
+    ) -> list[Run]:
+        """Runs ``job`` may preempt, in ``order``: lower-priority runs of its own tenant or of borrowing
+        tenants, and, when the job is within its tenant's quota, borrowed GPUs of its cohort (a borrowing
+        tenant gives back at most what it borrows). With ``max_preemptions``, also cycle-free: never a run
+        preempted that many times, never one that has preempted ``job``."""
+        state = self.state
+        tenant = state.tenants[job.tenant]
+        within = self.held[tenant.name] + job.gpus <= tenant.nominal
+        if order not in self._ordered:
+            self._ordered[order] = sorted(state.running.values(), key=lambda run: order(run, self.now))
+        taken: dict[str, int] = {}
+        chosen = []
+        for run in self._ordered[order]:
+            victim = run.job
+            if run.id in self.leaving:
+                continue
+            if max_preemptions is not None and (victim.preemptions >= max_preemptions or run.id in job.preempted_by):
+                continue
+            over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal - taken.get(victim.tenant, 0)
+            cohort = state.tenants[victim.tenant].cohort
+            reclaim = within and victim.tenant != job.tenant and cohort is not None and cohort == tenant.cohort
+            outranked = victim.priority < job.priority and (victim.tenant == job.tenant or over > 0)
+            if outranked or (reclaim and over > 0):
+                taken[victim.tenant] = taken.get(victim.tenant, 0) + victim.gpus
+                chosen.append(run)
+        return chosen
+
+    def preempt(self, victims: list[Run], job: Job, reason: Callable[[Run], str], checkpoint_first: bool) -> None:
+        for run in victims:
+            self.leaving.add(run.id)
+            self.round.preempt.append(Preempt(run.id, job.id, reason(run), checkpoint_first))

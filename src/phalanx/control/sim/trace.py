@@ -1,0 +1,64 @@
+"""Reading public GPU-cluster traces in place (they are never copied into the repository)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    tenant: str
+    gpus: int
+    submit_s: float  # from the start of the replayed window
+    duration_s: float
+
+
+class TraceError(ValueError):
+    pass
+
+
+def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = columns - set(reader.fieldnames or ())
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {sorted(missing)}; it has {reader.fieldnames}")
+        return list(reader)
+
+
+def philly(path: Path, start: str = "2017-10-01", end: str = "2017-11-01") -> tuple[list[TraceJob], dict[str, float]]:
+    """Philly jobs (the Pollux authors' table) submitted in [start, end), in submit order, and every virtual
+    cluster's share of the whole file's GPU-time (what its quota is made proportional to)."""
+    rows = _rows(path, {"timestamp", "duration", "num_gpus", "gpu_time", "cluster"})
+    t0, t1 = datetime.fromisoformat(start), datetime.fromisoformat(end)
+    gpu_time: dict[str, float] = {}
+    jobs = []
+    for line, row in enumerate(rows, 2):
+        try:
+            submitted = datetime.fromisoformat(row["timestamp"])
+            gpus, duration = int(row["num_gpus"]), float(row["duration"])
+            gpu_time[row["cluster"]] = gpu_time.get(row["cluster"], 0.0) + float(row["gpu_time"])
+        except ValueError as e:
+            raise TraceError(f"{path}:{line}: {e}") from None
+        if t0 <= submitted < t1 and gpus > 0 and duration > 0:
+            jobs.append(TraceJob(f"philly-{line}", row["cluster"], gpus, (submitted - t0).total_seconds(), duration))
+    if not jobs:
+        raise TraceError(f"{path}: no jobs submitted in [{start}, {end})")
+    jobs.sort(key=lambda job: (job.submit_s, job.id))
+    total = sum(gpu_time.values())
+    return jobs, {vc: t / total for vc, t in sorted(gpu_time.items())}
+
+
+def quotas(shares: dict[str, float], gpus: int) -> dict[str, int]:
+    """``gpus`` split in proportion to ``shares``, in whole GPUs (largest remainder), summing to ``gpus``."""
+    exact = {name: share * gpus / sum(shares.values()) for name, share in shares.items()}
+    whole = {name: int(x) for name, x in exact.items()}
+    for name in sorted(exact, key=lambda n: (whole[n] - exact[n], n))[: gpus - sum(whole.values())]:
+        whole[name] += 1
+    return whole
