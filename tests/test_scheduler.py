@@ -93,3 +93,192 @@ def test_bad_input_is_refused_with_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="both must be at least 1"):
         place(cluster, 0, 8)
     assert cluster.free == {"a": 8}  # nothing half-done
+
+
+# ---- the policies, over random clusters and queues -----------------------------------------------------------
+
+from phalanx.control.scheduler import POLICIES, Job, Phalanx, Queue, State, Tenant  # noqa: E402
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[Cluster, list[Tenant], list[Job], list[int]]:
+    """A cluster, tenants (some in a cohort, some with a borrowing limit) and jobs arriving over time; also
+    the order in which running jobs finish, as indexes."""
+    cluster = Cluster.uniform(draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.sampled_from([4, 8])))
+    total = cluster.total_gpus
+    tenants = []
+    for i in range(draw(st.integers(1, 4))):
+        nominal = draw(st.integers(0, total // 2))
+        cohort = draw(st.sampled_from(["c", "c", None]))
+        limit = draw(st.sampled_from([None, 0, 2, 8]))
+        tenants.append(Tenant(f"t{i}", nominal, cohort, limit))
+    jobs = []
+    for i in range(draw(st.integers(1, 25))):
+        workers, per_worker = draw(st.sampled_from([(1, 1), (1, 2), (1, 4), (2, 4), (3, 4), (2, 8)]))
+        jobs.append(
+            Job(
+                f"j{i}",
+                draw(st.sampled_from(tenants)).name,
+                workers,
+                per_worker,
+                submitted=float(i * 10),
+                priority=draw(st.integers(0, 2)),
+                predicted_s=draw(st.sampled_from([60.0, 600.0, 6000.0])),
+            )
+        )
+    finishes = draw(st.lists(st.integers(0, 100), min_size=0, max_size=40))
+    return cluster, tenants, jobs, finishes
+
+
+def _drive(policy_name: str, world: tuple) -> tuple[State, list[tuple[str, str]]]:
+    """Rounds at each arrival and finish, applying every decision as the control plane would (victims leave at
+    once), checking the quota invariants after every round. Returns the state and (preemptor, victim) pairs."""
+    cluster, tenants, jobs, finishes = world
+    policy = POLICIES[policy_name]()
+    state, pairs = State(cluster, tenants, Queue(policy.key)), []
+    events = [("arrive", job) for job in jobs] + [("finish", i) for i in finishes]
+    for now, (kind, what) in enumerate(events, 1):
+        if kind == "arrive":
+            state.submit(what)
+        elif state.running:
+            state.stop(sorted(state.running)[what % len(state.running)], float(now))
+        for _ in range(10):
+            decided = policy.schedule(state, float(now))
+            for admit in decided.admit:
+                job = state.queue.jobs[admit.job]
+                assert sum(admit.placement.values()) == job.gpus
+                assert all(g % job.per_worker == 0 for g in admit.placement.values())  # whole workers per node
+                state.start(admit.job, admit.placement, float(now))  # raises if it does not fit
+            for preempt in decided.preempt:
+                pairs.append((preempt.for_job, preempt.job))
+                state.ask_to_evict(preempt.job, preempt.for_job)
+                state.requeue(preempt.job, float(now))
+            if policy_name in ("phalanx", "kueue-like"):
+                _quotas_hold(state)
+            if not decided.admit and not decided.preempt:
+                break
+    return state, pairs
+
+
+def _quotas_hold(state: State) -> None:
+    for name, tenant in state.tenants.items():
+        held = sum(r.job.gpus for r in state.running.values() if r.job.tenant == name)
+        assert held == state.held[name]
+        limit = 0 if tenant.cohort is None else tenant.borrowing_limit
+        if limit is not None:
+            assert held <= tenant.nominal + limit, f"{name} holds {held}: over its quota and borrowing limit"
+    for members in state.cohorts.values():
+        assert sum(state.held[t] for t in members) <= sum(state.tenants[t].nominal for t in members)
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds(), st.sampled_from(sorted(POLICIES)))
+def test_every_admission_has_a_placement_that_fits_and_quotas_hold(world: tuple, policy: str) -> None:
+    state, _ = _drive(policy, world)
+    cluster = state.cluster
+    assert cluster.free_gpus == cluster.total_gpus - sum(r.job.gpus for r in state.running.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds())
+def test_phalanx_never_preempts_in_cycles(world: tuple) -> None:
+    _, pairs = _drive("phalanx", world)
+    assert not {(a, b) for a, b in pairs} & {(b, a) for a, b in pairs}, "two jobs preempted each other"
+    counts: dict[str, int] = {}
+    for _, victim in pairs:
+        counts[victim] = counts.get(victim, 0) + 1
+    assert max(counts.values(), default=0) <= Phalanx.max_preemptions
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 3))
+def test_a_tenant_below_its_quota_gets_it_back(nodes: int, lender_nodes: int, priority: int) -> None:
+    """The borrower fills the whole cluster while the lender is idle; when the lender asks for up to its
+    quota, it gets it, by reclaim, whatever the borrower's priority."""
+    lender_nodes = min(lender_nodes, nodes)
+    cluster = Cluster.uniform(1, nodes, 8)
+    tenants = [Tenant("lender", 8 * lender_nodes, "c"), Tenant("borrower", 8 * (nodes - lender_nodes), "c")]
+    policy = Phalanx()
+    state = State(cluster, tenants, Queue(policy.key))
+    for i in range(8 * nodes):
+        state.submit(Job(f"b{i}", "borrower", 1, 1, 0.0, priority=priority, predicted_s=86400))
+    for now in (1.0, 2.0):  # the lender submits at t=2, after the borrower took everything
+        if now == 2.0:
+            for i in range(lender_nodes):
+                state.submit(Job(f"l{i}", "lender", 1, 8, now, predicted_s=86400))
+        for _ in range(8):
+            decided = policy.schedule(state, now)
+            for admit in decided.admit:
+                state.start(admit.job, admit.placement, now)
+            for preempt in decided.preempt:
+                assert preempt.checkpoint_first and preempt.reason.startswith("reclaim")
+                state.ask_to_evict(preempt.job, preempt.for_job)
+                state.requeue(preempt.job, now)
+    assert state.held["lender"] == 8 * lender_nodes
+    assert state.cluster.free_gpus == 0  # the borrower still has the rest
+
+
+def test_backfill_fills_holes_without_delaying_the_reservation() -> None:
+    """One 8-GPU node is half busy until t=1000; a 2-node job is first in line and must wait for it. A short
+    job (ends before t=1000) may use the free half; a long one may not, since it would delay the big job."""
+    cluster = Cluster.uniform(1, 2, 8)
+    policy = Phalanx()
+    state = State(cluster, [Tenant("t", 32)], Queue(policy.key))
+    state.submit(Job("busy", "t", 1, 4, 0.0, predicted_s=1000))
+    state.start("busy", {"r00n000": 4}, 0.0)
+    state.submit(Job("big", "t", 2, 8, 1.0, predicted_s=50))
+    state.submit(Job("long", "t", 1, 4, 2.0, predicted_s=99_999))
+    state.submit(Job("short", "t", 1, 4, 3.0, predicted_s=100))
+    decided = policy.schedule(state, 10.0)
+    assert [a.job for a in decided.admit] == ["short"]
+    assert decided.why("big").kind == "reservation" and decided.why("big").estimated_start == 1000.0
+    assert decided.why("long").kind == "reservation" and decided.why("long").behind == "big"
+    assert "would delay big" in decided.why("long").reason
+
+
+def test_why_pending_names_the_quota() -> None:
+    cluster = Cluster.uniform(1, 2, 8)
+    policy = Phalanx()
+    state = State(cluster, [Tenant("a", 4), Tenant("b", 12, "c", borrowing_limit=0)], Queue(policy.key))
+    state.submit(Job("a1", "a", 1, 8, 0.0))
+    state.submit(Job("b1", "b", 2, 8, 0.0))
+    decided = policy.schedule(state, 1.0)
+    assert decided.admit == []
+    assert decided.why("a1").reason == (
+        "tenant a holds 0 of its 4-GPU quota and this job needs 8; it is in no cohort to borrow from"
+    )
+    assert "over its borrowing limit of 0" in decided.why("b1").reason
+
+
+def test_fair_share_usage_decays_with_its_half_life() -> None:
+    from phalanx.control.scheduler import Usage
+
+    usage = Usage(half_life_s=100.0)
+    usage.change("a", 0.0, held=4)  # holds 4 GPUs from t=0 ...
+    usage.change("a", 1000.0, held=0)  # ... to t=1000: close to the steady state of 4 x 100/ln 2 GPU-s
+    assert usage.share("a", nominal=4, now=1000.0) == pytest.approx(1.0, rel=1e-3)
+    assert usage.share("a", nominal=4, now=1100.0) == pytest.approx(0.5, rel=1e-3)  # one half-life later
+    assert usage.share("b", nominal=4, now=1100.0) == 0.0
+
+
+def test_the_duration_predictor_uses_the_tenants_history_only() -> None:
+    from phalanx.control.scheduler import DurationPredictor
+
+    predictor = DurationPredictor(default_s=1234.0)
+    assert predictor.predict("a", 1) == 1234.0
+    for d in (100.0, 200.0, 300.0):
+        predictor.record("a", 8, d)
+    assert predictor.predict("a", 8) == 200.0
+    assert predictor.predict("a", 1) == 200.0  # no 1-GPU history: the tenant's, any size
+    assert predictor.predict("b", 8) == 1234.0  # never another tenant's
+
+
+def test_bad_jobs_and_tenants_are_refused_by_name() -> None:
+    policy = Phalanx()
+    with pytest.raises(ValueError, match="tenant 'x': nominal quota -1"):
+        Tenant("x", -1)
+    with pytest.raises(ValueError, match="job 'j': 0 worker"):
+        Job("j", "t", 0, 1, 0.0)
+    state = State(Cluster.uniform(1, 1, 8), [Tenant("t", 8)], Queue(policy.key))
+    with pytest.raises(ValueError, match="job 'j': tenant 'nope' is not known; tenants: \\['t'\\]"):
+        state.submit(Job("j", "nope", 1, 1, 0.0))

@@ -55,13 +55,12 @@ class KueueLike:
                 borrowing, why = work.quota(job)
                 if work.seen(job) or borrowing != borrowing_pass:
                     continue
-                if why is not None:
-                    work.wait(job, "quota", why)
-                elif (placement := work.place(job)) is not None:
+                if why is None and (placement := work.place(job)) is not None:
                     work.admit(job, placement, borrowing)
-                else:
-                    work.wait(job, "placement", "no room")
-                    blocked.append(job)
+                    continue
+                work.wait(job, "quota" if why else "placement", why or "no room")
+                if not borrowing:
+                    blocked.append(job)  # within its quota: reclaim
         if not blocked:  # the cluster filled up before the quota-guaranteed jobs were reached
             blocked = [job for job in state.queue if not work.seen(job) and not work.quota(job)[0]]
         for job in blocked[: self.plans_per_round]:

@@ -33,6 +33,8 @@ class Phalanx:
     restart_s: float = 60.0  # what a restart costs a victim, besides its work since its last checkpoint
     max_preemptions: int = 3
     plans_per_round: int = 8  # preemption plans a round makes at most
+    short_factor: float = 8.0  # a job predicted this many times shorter than a run's rest may preempt it ...
+    min_run_s: float = 600.0  # ... once that has run this long
 
     def key(self, job: Job) -> tuple:
         return (-job.priority, job.submitted + min(self.stretch * job.predicted_s, self.stretch_cap_s))
@@ -105,8 +107,8 @@ class Phalanx:
         return None
 
     def _borrow(self, work: Work, long_view: Cluster | None, reserved_at: float | None) -> None:
-        state, now = work.state, work.now
-        heap = [(state.usage.share(t, state.tenants[t].nominal, now), t) for t in state.tenants]
+        state = work.state
+        heap = [(work.share(t), t) for t in state.tenants]
         heapq.heapify(heap)
         jobs = {t: state.queue.of(t) for t in state.tenants}
         while heap and not work.nothing_fits():
@@ -123,18 +125,17 @@ class Phalanx:
     def _preempt(self, work: Work, blocked: list[Job]) -> None:
         """Reclaim and priority preemption for blocked jobs, in queue order, a few plans a round."""
         state = work.state
-        for tenant in state.tenants.values():  # tenants under quota that the round's admissions never reached
-            if work.held[tenant.name] < tenant.nominal:
-                for job in state.queue.of(tenant.name):
-                    if not work.seen(job) and work.held[tenant.name] + job.gpus <= tenant.nominal:
-                        blocked.append(job)
-                        break
+        for tenant in state.tenants.values():  # each tenant's first job the round left waiting
+            for job in state.queue.of(tenant.name):
+                if job.id not in work.admitted and job not in blocked:
+                    blocked.append(job)
+                    break
         blocked.sort(key=lambda job: (*self.key(job), job.id))
         plans = 0
         for job in blocked:
             if plans >= self.plans_per_round:
                 break
-            candidates = work.preemptible(job, self._cost, self.max_preemptions)
+            candidates = work.preemptible(job, self._cost, self.max_preemptions, lambda j, r: self._shorter(work, j, r))
             victims = work.victims(job, candidates) if candidates else None
             if not victims:
                 continue
@@ -142,6 +143,15 @@ class Phalanx:
             work.preempt(victims, job, lambda run, job=job: self._why(work, job, run), checkpoint_first=True)
             names = ", ".join(run.id for run in victims)
             work.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)
+
+    def _shorter(self, work: Work, job: Job, run: Run) -> bool:
+        """``run`` is predicted to need ``short_factor`` times longer than ``job`` still, its tenant has used
+        no less of its share, and it has run long enough not to thrash."""
+        ran = work.now - run.started
+        left = max(run.job.predicted_s - ran, ran)
+        if ran < self.min_run_s or left < self.short_factor * job.predicted_s:
+            return False
+        return work.share(job.tenant) <= work.share(run.job.tenant)
 
     def _cost(self, run: Run, now: float) -> tuple:
         """What evicting ``run`` loses if it cannot checkpoint first: GPU-seconds since its last checkpoint,

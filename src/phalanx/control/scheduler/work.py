@@ -24,8 +24,15 @@ class Work:
         self.views: list[Cluster] = []  # narrower views of the round's cluster (a reservation's slack)
         self.admitted: set[str] = set()
         self.started: list[tuple[Job, dict[str, int]]] = []  # admitted this round
+        self._shares: dict[str, float] = {}
         self._ordered: dict[Callable, list[Run]] = {}  # running jobs, per preemption order asked for
         self._unplaceable: dict[tuple[int, int], int] = {}  # (id of a view, per_worker) -> fewest workers that failed
+
+    def share(self, tenant: str) -> float:
+        """The tenant's fair-share usage now, in units of its quota (see Usage)."""
+        if tenant not in self._shares:
+            self._shares[tenant] = self.state.usage.share(tenant, self.state.tenants[tenant].nominal, self.now)
+        return self._shares[tenant]
 
     # quota ---------------------------------------------------------------------------------------------------
     def quota(self, job: Job) -> tuple[bool, str | None]:
@@ -34,7 +41,13 @@ class Work:
         tenant = self.state.tenants[job.tenant]
         held, need = self.held[tenant.name], job.gpus
         if held + need <= tenant.nominal:
-            return False, None
+            if tenant.cohort is None or self.cohort_held[tenant.cohort] + need <= self.cohort_nominal[tenant.cohort]:
+                return False, None
+            in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
+            return False, (
+                f"within tenant {tenant.name}'s quota, but cohort {tenant.cohort} has lent its GPUs out "
+                f"({in_use} of {nominal} in use): to be reclaimed"
+            )
         have = f"tenant {tenant.name} holds {held} of its {tenant.nominal}-GPU quota and this job needs {need}"
         if tenant.cohort is None:
             return True, f"{have}; it is in no cohort to borrow from"
@@ -98,12 +111,31 @@ class Work:
         self.round.waits[job.id] = Wait(job.id, kind, reason, behind, at)
 
     # preemption ----------------------------------------------------------------------------------------------
-    def victims(self, job: Job, candidates: Iterable[Run], own_needed: int = 0) -> list[Run] | None:
-        """The victims, taken in the order given (the policy's: cheapest first), whose GPUs make ``job`` fit:
-        at least ``own_needed`` GPUs from the job's own tenant (to free its quota). None if there is no such set.
-        A job that fits on one node takes them from the node where the worst victim taken is the cheapest; a
-        gang, the cheapest prefix that makes it placeable, less those it would not use."""
+    def shortfall(self, job: Job) -> tuple[int, int]:
+        """GPUs that victims must give back for ``job`` to be within quota: (of its own tenant, of its cohort)."""
+        tenant = self.state.tenants[job.tenant]
+        if tenant.cohort is None:
+            return max(0, self.held[tenant.name] + job.gpus - tenant.nominal), 0
+        limit = tenant.borrowing_limit if tenant.borrowing_limit is not None else 1 << 30
+        own = max(0, self.held[tenant.name] + job.gpus - tenant.nominal - limit)
+        return own, max(0, self.cohort_held[tenant.cohort] + job.gpus - self.cohort_nominal[tenant.cohort])
+
+    def victims(self, job: Job, candidates: Iterable[Run]) -> list[Run] | None:
+        """The victims, taken in the order given (the policy's: cheapest first), whose GPUs make ``job`` fit,
+        both on the nodes and in its quota (GPUs of its own tenant, of its cohort: ``shortfall``). None if
+        there is no such set. A job that fits on one node takes them from the node where the worst victim
+        taken is the cheapest; a gang, the cheapest prefix that makes it fit, less those it would not use."""
         pool = [run for run in candidates if run.id not in self.leaving]
+        own_needed, cohort_needed = self.shortfall(job)
+        cohort = self.state.tenants[job.tenant].cohort
+
+        def gives(run: Run) -> tuple[int, int]:
+            victim = run.job
+            return (
+                victim.gpus if victim.tenant == job.tenant else 0,
+                victim.gpus if cohort is not None and self.state.tenants[victim.tenant].cohort == cohort else 0,
+            )
+
         if job.gpus <= max(node.gpus for node in self.cluster.nodes.values()):
             on_node: dict[str, list[Run]] = {}
             for run in pool:
@@ -112,35 +144,44 @@ class Work:
             best: tuple[tuple[int, int], list[Run]] | None = None  # ((worst victim's rank, victims), victims)
             rank = {run.id: i for i, run in enumerate(pool)}
             for node, runs in on_node.items():
-                chosen, free, own = [], self.cluster.free[node], 0
+                chosen, free, own, in_cohort = [], self.cluster.free[node], 0, 0
                 for run in runs:
-                    if free >= job.gpus and own >= own_needed:
+                    if free >= job.gpus and own >= own_needed and in_cohort >= cohort_needed:
                         break
                     chosen.append(run)
                     free += run.placement[node]
-                    own += run.job.gpus if run.job.tenant == job.tenant else 0
+                    own, in_cohort = own + gives(run)[0], in_cohort + gives(run)[1]
                 score = (rank[chosen[-1].id] if chosen else -1, len(chosen))
-                if free >= job.gpus and own >= own_needed and (best is None or score < best[0]):
+                enough = free >= job.gpus and own >= own_needed and in_cohort >= cohort_needed
+                if chosen and enough and (best is None or score < best[0]):
                     best = (score, chosen)
-            return best[1] if best else None
-        what_if, chosen, own, free = self.cluster.copy(), [], 0, self.free
+            if best is not None:
+                return best[1]
+        what_if, chosen, own, in_cohort, free = self.cluster.copy(), [], 0, 0, self.free
         for run in pool:
             what_if.release(run.placement)
             chosen.append(run)
-            own += run.job.gpus if run.job.tenant == job.tenant else 0
+            own, in_cohort = own + gives(run)[0], in_cohort + gives(run)[1]
             free += run.job.gpus
-            if own >= own_needed and free >= job.gpus and (where := place(what_if, job.workers, job.per_worker)):
-                if own_needed:
+            if own < own_needed or in_cohort < cohort_needed or free < job.gpus:
+                continue
+            if where := place(what_if, job.workers, job.per_worker):
+                if own_needed or cohort_needed:
                     return chosen
                 return [run for run in chosen if set(run.placement) & set(where.gpus)]
         return None
 
     def preemptible(
-        self, job: Job, order: Callable[[Run, float], tuple], max_preemptions: int | None = None
+        self,
+        job: Job,
+        order: Callable[[Run, float], tuple],
+        max_preemptions: int | None = None,
+        outranks: Callable[[Job, Run], bool] | None = None,
     ) -> list[Run]:
         """Runs ``job`` may preempt, in ``order``: lower-priority runs of its own tenant or of borrowing
         tenants, and, when the job is within its tenant's quota, borrowed GPUs of its cohort (a borrowing
-        tenant gives back at most what it borrows). With ``max_preemptions``, also cycle-free: never a run
+        tenant gives back at most what it borrows); also those of its own or borrowing tenants it
+        ``outranks``. With ``max_preemptions``, also cycle-free: never a run
         preempted that many times, never one that has preempted ``job``."""
         state = self.state
         tenant = state.tenants[job.tenant]
@@ -158,7 +199,8 @@ class Work:
             over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal - taken.get(victim.tenant, 0)
             cohort = state.tenants[victim.tenant].cohort
             reclaim = within and victim.tenant != job.tenant and cohort is not None and cohort == tenant.cohort
-            outranked = victim.priority < job.priority and (victim.tenant == job.tenant or over > 0)
+            lower = victim.priority < job.priority or (outranks is not None and outranks(job, run))
+            outranked = lower and (victim.tenant == job.tenant or over > 0)
             if outranked or (reclaim and over > 0):
                 taken[victim.tenant] = taken.get(victim.tenant, 0) + victim.gpus
                 chosen.append(run)

@@ -7,6 +7,8 @@ modelling what the decisions cost:
   ``restart_s`` before work resumes;
 - a victim asked to checkpoint first (phalanx) snapshots at once and leaves when the save commits,
   ``commit_s`` later; it loses those ``commit_s`` and the restart.
+GPU-time lost to preemption is every GPU-second held that saved no work: so the GPU-time used is exactly the
+jobs' work plus what was lost.
 """
 
 from __future__ import annotations
@@ -119,10 +121,13 @@ def simulate(
         starts, left, _ = run[job_id]
         return min(left, max(0.0, t - starts))
 
-    def evict(job_id: str, t: float, left: float, lost_s: float) -> None:
+    def evict(job_id: str, t: float, left: float) -> None:
+        """The job leaves with ``left`` work to do: the GPU time of this run that saved no work is lost."""
         record = outcome.records[job_id]
         record.preemptions += 1
-        record.lost_gpu_s += record.gpus * (lost_s + costs.restart_s)
+        starts, left_at_start, _ = run[job_id]
+        allocated = starts - (costs.restart_s if record.preemptions > 1 else 0.0)
+        record.lost_gpu_s += record.gpus * ((t - allocated) - (left_at_start - left))
         work[job_id] = left
         del run[job_id]
         epochs[job_id] += 1
@@ -153,13 +158,14 @@ def simulate(
                 epochs[job_id] += 1
                 record = outcome.records[job_id]
                 record.finish, remaining, changed = t, remaining - 1, True
+                record.lost_gpu_s += record.gpus * (costs.restart_s if record.preemptions else 0.0)
                 predictor.record(record.tenant, record.gpus, record.duration)
             elif kind == _CHECKPOINT:
                 work[job_id] = run[job_id][1] - done_since_start(job_id, t)
                 state.checkpointed(job_id, t)
                 push(t + costs.checkpoint_every_s, _CHECKPOINT, job_id, epoch)
             elif kind == _EVICT:
-                evict(job_id, t, snapshot.pop(job_id), costs.commit_s)
+                evict(job_id, t, snapshot.pop(job_id))
                 changed = True
         for _ in range(100) if changed else ():  # until a round changes nothing that frees GPUs at once
             began = time.perf_counter()
@@ -185,7 +191,7 @@ def simulate(
                     snapshot[preempt.job] = left
                     push(t + costs.commit_s, _EVICT, preempt.job, epochs[preempt.job])
                 else:
-                    evict(preempt.job, t, work[preempt.job], work[preempt.job] - left)
+                    evict(preempt.job, t, work[preempt.job])
                     killed = True
             if not killed:
                 break
