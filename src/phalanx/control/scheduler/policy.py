@@ -32,7 +32,7 @@ class Phalanx:
     stretch_cap_s: float = 4 * 3600  # ... capped: no job is passed by more than this
     restart_s: float = 60.0  # what a restart costs a victim, besides its work since its last checkpoint
     max_preemptions: int = 3
-    plans_per_round: int = 8  # preemption plans a round makes at most
+    plans_per_round: int = 8  # blocked jobs a round plans preemption for, at most
     short_factor: float = 8.0  # a job predicted this many times shorter than a run's rest may preempt it ...
     min_run_s: float = 600.0  # ... once that has run this long
 
@@ -44,7 +44,7 @@ class Phalanx:
         for job_id in state.first:
             self._try(work, state.queue.jobs[job_id], work.cluster)
         long_view, reserved_at, holder, blocked = None, None, None, []
-        for job in state.queue:
+        for job in state.queue.of_tenants(t for t in state.tenants if work.held[t] < state.tenants[t].nominal):
             if work.nothing_fits():
                 break
             if work.seen(job):
@@ -131,15 +131,11 @@ class Phalanx:
                     blocked.append(job)
                     break
         blocked.sort(key=lambda job: (*self.key(job), job.id))
-        plans = 0
-        for job in blocked:
-            if plans >= self.plans_per_round:
-                break
+        for job in blocked[: self.plans_per_round]:
             candidates = work.preemptible(job, self._cost, self.max_preemptions, lambda j, r: self._shorter(work, j, r))
             victims = work.victims(job, candidates) if candidates else None
             if not victims:
                 continue
-            plans += 1
             work.preempt(victims, job, lambda run, job=job: self._why(work, job, run), checkpoint_first=True)
             names = ", ".join(run.id for run in victims)
             work.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)

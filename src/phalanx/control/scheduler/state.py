@@ -5,6 +5,7 @@ cluster's free GPUs, each tenant's GPUs held and its fair-share usage consistent
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -43,6 +44,11 @@ class Queue:
 
     def __iter__(self) -> Iterator[Job]:
         return (self.jobs[entry[-1]] for entry in list(self._order))
+
+    def of_tenants(self, tenants: Iterable[str]) -> Iterator[Job]:
+        """The jobs of these tenants only, in the queue's order."""
+        merged = heapq.merge(*(list(self._tenant.get(t, ())) for t in tenants))
+        return (self.jobs[entry[-1]] for entry in merged)
 
     def of(self, tenant: str) -> Iterator[Job]:
         return (self.jobs[entry[-1]] for entry in list(self._tenant.get(tenant, ())))

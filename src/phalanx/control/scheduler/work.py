@@ -189,8 +189,10 @@ class Work:
         if order not in self._ordered:
             self._ordered[order] = sorted(state.running.values(), key=lambda run: order(run, self.now))
         taken: dict[str, int] = {}
-        chosen = []
+        chosen, offered = [], 0
         for run in self._ordered[order]:
+            if offered >= 8 * job.gpus + sum(self.shortfall(job)):
+                break  # the cheapest victims worth many times the job's GPUs: enough to choose from
             victim = run.job
             if run.id in self.leaving:
                 continue
@@ -204,6 +206,7 @@ class Work:
             if outranked or (reclaim and over > 0):
                 taken[victim.tenant] = taken.get(victim.tenant, 0) + victim.gpus
                 chosen.append(run)
+                offered += victim.gpus
         return chosen
 
     def preempt(self, victims: list[Run], job: Job, reason: Callable[[Run], str], checkpoint_first: bool) -> None:

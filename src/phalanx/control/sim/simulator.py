@@ -59,6 +59,7 @@ class Outcome:
     used_gpu_s: float = 0.0  # GPU-seconds allocated, in all
     busy_gpu_s: float = 0.0  # ... while the queue was not empty
     busy_capacity_gpu_s: float = 0.0  # the cluster's GPU-seconds while the queue was not empty
+    wall_s: float = 0.0  # how long the replay took
     rounds: int = 0
     decisions: int = 0
     round_s: list[float] = field(default_factory=list)
@@ -89,6 +90,7 @@ def simulate(
 ) -> Outcome:
     """Replay ``jobs`` until the last one finishes. ``seed`` draws each job's checkpoint phase and a jitter
     of up to ``jitter_s`` on its submit time."""
+    began_replay = time.perf_counter()
     rng = random.Random(seed)
     state = State(cluster, tenants, Queue(policy.key))
     per_node = max(node.gpus for node in cluster.nodes.values())
@@ -195,6 +197,7 @@ def simulate(
                     killed = True
             if not killed:
                 break
+    outcome.wall_s = time.perf_counter() - began_replay
     return outcome
 
 
