@@ -282,3 +282,24 @@ def test_bad_jobs_and_tenants_are_refused_by_name() -> None:
     state = State(Cluster.uniform(1, 1, 8), [Tenant("t", 8)], Queue(policy.key))
     with pytest.raises(ValueError, match="job 'j': tenant 'nope' is not known; tenants: \\['t'\\]"):
         state.submit(Job("j", "nope", 1, 1, 0.0))
+
+
+def test_a_short_job_preempts_a_long_one_which_checkpoints_first_and_only_once() -> None:
+    cluster = Cluster.uniform(1, 1, 8)
+    policy = Phalanx()
+    state = State(cluster, [Tenant("t", 8)], Queue(policy.key))
+    state.submit(Job("long", "t", 1, 8, 0.0, predicted_s=100_000))
+    state.start("long", {"r00n000": 8}, 0.0)
+    state.checkpointed("long", 900.0)
+    state.submit(Job("short", "t", 1, 8, 999.0, predicted_s=60))
+    decided = policy.schedule(state, 1000.0)
+    assert [(p.job, p.for_job, p.checkpoint_first) for p in decided.preempt] == [("long", "short", True)]
+    assert decided.preempt[0].reason.startswith("shorter job: short is predicted to take 60 s")
+    state.ask_to_evict("long", "short")
+    decided = policy.schedule(state, 1010.0)  # still checkpointing: nothing new, and the reason says so
+    assert decided.preempt == [] and decided.admit == []
+    assert decided.why("short").kind == "preempting" and decided.why("short").behind == "long"
+    state.requeue("long", 1030.0)  # its checkpoint committed: it leaves, and is queued again
+    decided = policy.schedule(state, 1030.0)
+    assert [a.job for a in decided.admit] == ["short"]  # the room made for it is its own
+    assert state.queue.jobs["long"].preemptions == 1 and state.queue.jobs["long"].preempted_by == {"short"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from phalanx.control.scheduler.jobs import Job, Round, Run
+from phalanx.control.scheduler.jobs import Job, Round
 from phalanx.control.scheduler.state import State
 from phalanx.control.scheduler.work import Work
 
@@ -63,15 +63,12 @@ class KueueLike:
                     blocked.append(job)  # within its quota: reclaim
         if not blocked:  # the cluster filled up before the quota-guaranteed jobs were reached
             blocked = [job for job in state.queue if not work.seen(job) and not work.quota(job)[0]]
+        order = sorted(state.running.values(), key=lambda run: (run.job.priority, -run.started, run.id))
         for job in blocked[: self.plans_per_round]:
-            victims = work.victims(job, work.preemptible(job, _kueue_order))
+            victims = work.victims(job, work.preemptible(job, order))
             if victims:
                 work.preempt(victims, job, lambda run: "classic preemption", checkpoint_first=False)
         return work.round
-
-
-def _kueue_order(run: Run, now: float) -> tuple:
-    return (run.job.priority, -run.started)
 
 
 @dataclass(frozen=True)

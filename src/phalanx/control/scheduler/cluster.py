@@ -33,6 +33,7 @@ class Cluster:
         for name, node in self.nodes.items():
             self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
+        self.largest = max((node.gpus for node in self.nodes.values()), default=0)  # GPUs of the biggest node
 
     @classmethod
     def uniform(cls, racks: int, nodes_per_rack: int, gpus_per_node: int) -> Cluster:
@@ -44,7 +45,7 @@ class Cluster:
         """The same nodes with their free GPUs now, each at most ``caps[node]`` where given: a view that work
         can be tried on (a reservation's slack, a preemption's what-if) without touching this one."""
         view = object.__new__(Cluster)
-        view.nodes, view.racks = self.nodes, self.racks
+        view.nodes, view.racks, view.largest = self.nodes, self.racks, self.largest
         view.free, view.by_free = dict(self.free), {k: dict(names) for k, names in self.by_free.items()}
         for name, cap in (caps or {}).items():
             view.limit(name, cap)

@@ -1,6 +1,7 @@
 """phalanx's policy. A round, given the state and the time:
 
-1. jobs whose preemption victims have left take the room made for them;
+1. jobs whose preemption victims have left take the room made for them; those whose victims are still
+   checkpointing wait for them;
 2. jobs within their tenant's nominal quota, in queue order: priority class, then submit time plus their
    predicted duration (capped), so short jobs pass long ones by a bounded amount and nobody starves. The
    first one that does not fit gets a reservation: where and when it will fit as running jobs end (their
@@ -43,6 +44,12 @@ class Phalanx:
         work = Work(state, now)
         for job_id in state.first:
             self._try(work, state.queue.jobs[job_id], work.cluster)
+        for victim in sorted(state.leaving):
+            job_id = state.running[victim].evicting_for
+            if job_id in state.queue.jobs and not work.seen(state.queue.jobs[job_id]):
+                work.wait(
+                    state.queue.jobs[job_id], "preempting", f"waiting for {victim} to checkpoint and leave", victim
+                )
         long_view, reserved_at, holder, blocked = None, None, None, []
         for job in state.queue.of_tenants(t for t in state.tenants if work.held[t] < state.tenants[t].nominal):
             if work.nothing_fits():
@@ -125,14 +132,17 @@ class Phalanx:
     def _preempt(self, work: Work, blocked: list[Job]) -> None:
         """Reclaim and priority preemption for blocked jobs, in queue order, a few plans a round."""
         state = work.state
+        ids = {job.id for job in blocked}
         for tenant in state.tenants.values():  # each tenant's first job the round left waiting
             for job in state.queue.of(tenant.name):
-                if job.id not in work.admitted and job not in blocked:
+                if job.id not in work.admitted and job.id not in ids:
                     blocked.append(job)
                     break
-        blocked.sort(key=lambda job: (*self.key(job), job.id))
+        making_room = {state.running[r].evicting_for for r in state.leaving}  # their victims are leaving
+        blocked = sorted((job for job in blocked if job.id not in making_room), key=lambda j: (*self.key(j), j.id))
         for job in blocked[: self.plans_per_round]:
-            candidates = work.preemptible(job, self._cost, self.max_preemptions, lambda j, r: self._shorter(work, j, r))
+            runs = work.state.cheapest(work.now, self.restart_s)
+            candidates = work.preemptible(job, runs, self.max_preemptions, lambda j, r: self._shorter(work, j, r))
             victims = work.victims(job, candidates) if candidates else None
             if not victims:
                 continue
@@ -149,19 +159,20 @@ class Phalanx:
             return False
         return work.share(job.tenant) <= work.share(run.job.tenant)
 
-    def _cost(self, run: Run, now: float) -> tuple:
-        """What evicting ``run`` loses if it cannot checkpoint first: GPU-seconds since its last checkpoint,
-        plus a restart; the most recently started first among equals."""
-        return (run.job.gpus * (now - run.last_checkpoint + self.restart_s), -run.started)
-
     def _why(self, work: Work, job: Job, run: Run) -> str:
-        victim = run.job
+        victim, tenant = run.job, work.state.tenants[job.tenant]
         if victim.priority < job.priority:
             return f"priority: {job.id} (priority {job.priority}) outranks it ({victim.priority})"
         t = work.state.tenants[victim.tenant]
+        if victim.tenant != job.tenant and work.held[job.tenant] + job.gpus <= tenant.nominal:
+            return (
+                f"reclaim: tenant {job.tenant} needs its quota back for {job.id}; tenant {t.name} is borrowing "
+                f"({work.held[t.name]} of its {t.nominal} GPUs held)"
+            )
+        ran = work.now - run.started
         return (
-            f"reclaim: tenant {job.tenant} needs its quota back for {job.id}; tenant {t.name} is borrowing "
-            f"({work.held[t.name]} of its {t.nominal} GPUs held)"
+            f"shorter job: {job.id} is predicted to take {job.predicted_s:.0f} s; this one has run {ran:.0f} s "
+            f"and is predicted to need {max(victim.predicted_s - ran, ran):.0f} s more"
         )
 
 

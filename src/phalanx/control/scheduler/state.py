@@ -43,15 +43,16 @@ class Queue:
         return len(self.jobs)
 
     def __iter__(self) -> Iterator[Job]:
-        return (self.jobs[entry[-1]] for entry in list(self._order))
+        """In order. A round only reads the queue; add or remove jobs after iterating, not during."""
+        return (self.jobs[entry[-1]] for entry in self._order)
 
     def of_tenants(self, tenants: Iterable[str]) -> Iterator[Job]:
         """The jobs of these tenants only, in the queue's order."""
-        merged = heapq.merge(*(list(self._tenant.get(t, ())) for t in tenants))
+        merged = heapq.merge(*(self._tenant.get(t, ()) for t in tenants))
         return (self.jobs[entry[-1]] for entry in merged)
 
     def of(self, tenant: str) -> Iterator[Job]:
-        return (self.jobs[entry[-1]] for entry in list(self._tenant.get(tenant, ())))
+        return (self.jobs[entry[-1]] for entry in self._tenant.get(tenant, ()))
 
 
 class Usage:
@@ -89,6 +90,9 @@ class State:
         self.usage = Usage(half_life_s)
         self.running: dict[str, Run] = {}
         self.held: dict[str, int] = dict.fromkeys(self.tenants, 0)
+        self.leaving: set[str] = set()  # running jobs asked to make room
+        # GPUs -> [(-last checkpoint, -start, id)], sorted: the victims' index (``cheapest``)
+        self._by_checkpoint: dict[int, list[tuple[float, float, str]]] = {}
         self.first: dict[str, None] = {}  # jobs whose victims have left: they take the room made for them
         self.cohorts: dict[str, list[str]] = {}
         for tenant in self.tenants.values():
@@ -112,18 +116,35 @@ class State:
         self.queue.remove(job_id)
         self.first.pop(job_id, None)
         run = self.running[job_id] = Run(job, dict(placement), now, last_checkpoint=now)
+        self._index(run, add=True)
         self._hold(job.tenant, job.gpus, now)
         return run
 
     def ask_to_evict(self, job_id: str, for_job: str) -> None:
         self.running[job_id] = replace(self.running[job_id], evicting_for=for_job)
+        self.leaving.add(job_id)
 
     def checkpointed(self, job_id: str, at: float) -> None:
+        self._index(self.running[job_id], add=False)
         self.running[job_id] = replace(self.running[job_id], last_checkpoint=at)
+        self._index(self.running[job_id], add=True)
+
+    def cheapest(self, now: float, restart_s: float) -> Iterator[Run]:
+        """Running jobs, those that would lose the least if evicted now first: GPUs x (time since their last
+        checkpoint + a restart), the most recently started among equals. Lazy: a round that needs a few
+        victims reads a few, from an index kept per job size (within a size, the order does not change with
+        time)."""
+        streams = [
+            ((gpus * (now + restart_s + neg_ckpt), neg_start, job_id) for neg_ckpt, neg_start, job_id in by_size)
+            for gpus, by_size in self._by_checkpoint.items()
+        ]
+        return (self.running[entry[-1]] for entry in heapq.merge(*streams))
 
     def stop(self, job_id: str, now: float) -> Run:
         """The job left its GPUs (finished, failed or evicted)."""
         run = self.running.pop(job_id)
+        self._index(run, add=False)
+        self.leaving.discard(job_id)
         self.cluster.release(run.placement)
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run
@@ -150,6 +171,14 @@ class State:
     def cancel(self, job_id: str) -> Job:
         self.first.pop(job_id, None)
         return self.queue.remove(job_id)
+
+    def _index(self, run: Run, add: bool) -> None:
+        runs = self._by_checkpoint.setdefault(run.job.gpus, [])
+        entry = (-run.last_checkpoint, -run.started, run.id)
+        if add:
+            bisect.insort(runs, entry)
+        else:
+            del runs[bisect.bisect_left(runs, entry)]
 
     def _hold(self, tenant: str, gpus: int, now: float) -> None:
         self.held[tenant] += gpus

@@ -19,13 +19,13 @@ class Work:
         self.held = dict(state.held)
         self.cohort_nominal = {c: sum(state.tenants[t].nominal for t in ts) for c, ts in state.cohorts.items()}
         self.cohort_held = {c: sum(self.held[t] for t in ts) for c, ts in state.cohorts.items()}
-        self.leaving = {run.id for run in state.running.values() if run.evicting_for}
+        self.leaving = set(state.leaving)
         self.round = Round()
         self.views: list[Cluster] = []  # narrower views of the round's cluster (a reservation's slack)
         self.admitted: set[str] = set()
         self.started: list[tuple[Job, dict[str, int]]] = []  # admitted this round
         self._shares: dict[str, float] = {}
-        self._ordered: dict[Callable, list[Run]] = {}  # running jobs, per preemption order asked for
+        self._borrowers: set[str] | None = None  # tenants over their quota when the round's preemption began
         self._unplaceable: dict[tuple[int, int], int] = {}  # (id of a view, per_worker) -> fewest workers that failed
 
     def share(self, tenant: str) -> float:
@@ -58,6 +58,11 @@ class Work:
         if in_use + need > nominal:
             return True, f"{have}; cohort {tenant.cohort} has no idle quota to lend ({in_use} of {nominal} in use)"
         return True, None
+
+    def borrowers(self) -> set[str]:
+        if self._borrowers is None:
+            self._borrowers = {t for t, held in self.held.items() if held > self.state.tenants[t].nominal}
+        return self._borrowers
 
     def may_borrow(self, tenant: str) -> bool:
         """Whether ``tenant`` could borrow a single GPU more."""
@@ -136,7 +141,7 @@ class Work:
                 victim.gpus if cohort is not None and self.state.tenants[victim.tenant].cohort == cohort else 0,
             )
 
-        if job.gpus <= max(node.gpus for node in self.cluster.nodes.values()):
+        if job.gpus <= self.cluster.largest:
             on_node: dict[str, list[Run]] = {}
             for run in pool:
                 for node in run.placement:
@@ -166,36 +171,42 @@ class Work:
             if own < own_needed or in_cohort < cohort_needed or free < job.gpus:
                 continue
             if where := place(what_if, job.workers, job.per_worker):
-                if own_needed or cohort_needed:
-                    return chosen
-                return [run for run in chosen if set(run.placement) & set(where.gpus)]
+                used = [run for run in chosen if set(run.placement) & set(where.gpus)]
+                own, in_cohort = sum(gives(run)[0] for run in used), sum(gives(run)[1] for run in used)
+                for run in chosen:  # and the cheapest others, while quota is still short
+                    if own >= own_needed and in_cohort >= cohort_needed:
+                        break
+                    if run not in used:
+                        used.append(run)
+                        own, in_cohort = own + gives(run)[0], in_cohort + gives(run)[1]
+                return used
         return None
 
     def preemptible(
         self,
         job: Job,
-        order: Callable[[Run, float], tuple],
+        runs: Iterable[Run],
         max_preemptions: int | None = None,
         outranks: Callable[[Job, Run], bool] | None = None,
     ) -> list[Run]:
-        """Runs ``job`` may preempt, in ``order``: lower-priority runs of its own tenant or of borrowing
-        tenants, and, when the job is within its tenant's quota, borrowed GPUs of its cohort (a borrowing
-        tenant gives back at most what it borrows); also those of its own or borrowing tenants it
-        ``outranks``. With ``max_preemptions``, also cycle-free: never a run
+        """Runs ``job`` may preempt, of ``runs`` (in the policy's order, read only as far as needed): lower
+        priority runs of its own tenant or of borrowing tenants, and, when the job is within its tenant's quota,
+        borrowed GPUs of its cohort (a borrowing tenant gives back at most what it borrows); also those of its
+        own or borrowing tenants it ``outranks``. With ``max_preemptions``, also cycle-free: never a run
         preempted that many times, never one that has preempted ``job``."""
         state = self.state
         tenant = state.tenants[job.tenant]
         within = self.held[tenant.name] + job.gpus <= tenant.nominal
-        if order not in self._ordered:
-            self._ordered[order] = sorted(state.running.values(), key=lambda run: order(run, self.now))
         taken: dict[str, int] = {}
-        chosen, offered = [], 0
-        for run in self._ordered[order]:
-            if offered >= 8 * job.gpus + sum(self.shortfall(job)):
-                break  # the cheapest victims worth many times the job's GPUs: enough to choose from
+        chosen, offered, enough, seen = [], 0, 8 * job.gpus + sum(self.shortfall(job)), 0
+        victims_of = {job.tenant, *self.borrowers()}  # no other tenant's runs are ever victims
+        for run in runs:
+            if offered >= enough or seen >= 4 * enough:
+                break  # the cheapest victims worth many times the job's GPUs, of the cheapest runs: enough
             victim = run.job
-            if run.id in self.leaving:
+            if victim.tenant not in victims_of or run.id in self.leaving:
                 continue
+            seen += 1
             if max_preemptions is not None and (victim.preemptions >= max_preemptions or run.id in job.preempted_by):
                 continue
             over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal - taken.get(victim.tenant, 0)
