@@ -30,6 +30,7 @@ BENCHMARKS = (
     ("data_loader.py", "bench"),
     ("checkpoint.py", "main"),
     ("recovery.py", "main"),  # its torchft side runs under .venv-bench's interpreter
+    ("scheduler.py", "main"),  # reads ../shared/traces in place
 )
 TORCHTITAN_ON_CPU = (
     "torchtitan (in .venv-bench) is not run on this machine: its Trainer needs a CUDA device (it calls "
