@@ -149,7 +149,7 @@ class State:
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run
 
-    def requeue(self, job_id: str, now: float, **changes: object) -> Job:
+    def requeue(self, job_id: str, now: float) -> Job:
         """Evict a running job and queue it again, keeping its submit time (its place in line), counting the
         preemption and by whom."""
         run = self.stop(job_id, now)
@@ -161,16 +161,11 @@ class State:
             attained_gpu_s=run.job.attained_gpu_s + run.job.gpus * (now - run.started),
             queued_at=now,
             last_run_s=now - run.started,
-            **changes,
         )
         self.queue.add(job)
-        if by in self.queue.jobs and not any(r.evicting_for == by for r in self.running.values()):
-            self.first[by] = None
+        if by in self.queue.jobs and not any(self.running[r].evicting_for == by for r in self.leaving):
+            self.first[by] = None  # its last victim has left
         return job
-
-    def cancel(self, job_id: str) -> Job:
-        self.first.pop(job_id, None)
-        return self.queue.remove(job_id)
 
     def _index(self, run: Run, add: bool) -> None:
         runs = self._by_checkpoint.setdefault(run.job.gpus, [])
