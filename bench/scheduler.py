@@ -22,7 +22,7 @@ from pathlib import Path
 from _report import Report
 
 from phalanx.control.scheduler import Cluster, Job, Node, Phalanx, Queue, State, Tenant
-from phalanx.control.sim.report import metrics
+from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
 from phalanx.control.sim.simulator import gang
 
@@ -45,19 +45,12 @@ def replays(report: Report, trace: Path, seeds: int) -> None:
         per_seed.append({name: metrics(r, results["fifo"]) for name, r in results.items()})
         phalanx_s.append(results["phalanx"].shared.wall_s)
         print(f"seed {seed}: {took[-1]:.0f} s", file=sys.stderr, flush=True)
+    columns = [c for c in COLUMNS if c[1] not in ("policy", "big_over_fifo")]  # that one is a ratio below
     rows = []
     for name in POLICIES:
         ms = [seed[name] for seed in per_seed]
-        rows.append([name] + [mean_sd([getattr(m, a) for m in ms], f) for a, f in (
-            ("avg_jct", "{:,.0f}"), ("p50_jct", "{:,.0f}"), ("p99_jct", "{:,.0f}"), ("wait_1gpu", "{:,.0f}"),
-            ("wait_big", "{:,.0f}"), ("alloc_busy", "{:.3f}"), ("lost_gpu_h", "{:,.0f}"), ("lost_share", "{:.4f}"),
-            ("preemptions_per_job", "{:.3f}"), ("rho_le_1", "{:.3f}"), ("worst_tenant_rho", "{:.2f}"),
-        )])  # fmt: skip
-    report.table(
-        ["policy", "avg JCT s", "p50 JCT s", "p99 JCT s", "wait 1-GPU s", "wait >=32-GPU s", "alloc, queue busy",
-         "GPU-h lost", "lost/used", "preempt/job", "rho<=1", "worst tenant rho"],
-        rows,
-    )  # fmt: skip
+        rows.append([name] + [mean_sd([getattr(m, attr) for m in ms], fmt) for _, attr, fmt in columns])
+    report.table(["policy"] + [heading for heading, _, _ in columns], rows)
     ph = [seed["phalanx"] for seed in per_seed]
     ratio = lambda a, peer: [getattr(s["phalanx"], a) / getattr(s[peer], a) for s in per_seed]  # noqa: E731
     report.ratio("phalanx / tiresias-like, avg JCT", ratio("avg_jct", "tiresias-like"), "<= 0.75")

@@ -46,15 +46,14 @@ class Replay:
     alone_jct: dict[str, float]
 
 
-def _one(policy: str, scenario: Scenario, tenant: str | None) -> Outcome:
-    jobs, tenants = scenario.jobs()
-    if tenant is None:
+def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Outcome:
+    """One replay: the whole cluster, or only tenant ``alone``'s jobs on a cluster of its quota."""
+    if alone is None:
         cluster = Cluster.uniform(scenario.racks, scenario.nodes_per_rack, scenario.gpus_per_node)
     else:
-        quota = next(t for t in tenants if t.name == tenant)
+        quota = next(t for t in tenants if t.name == alone)
         cluster = alone_cluster(quota.nominal, scenario.gpus_per_node, scenario.nodes_per_rack)
-        per_node = max(node.gpus for node in cluster.nodes.values())
-        jobs = [j for j in jobs if j.tenant == tenant and place(cluster, *gang(j.gpus, per_node)) is not None]
+        jobs = [j for j in jobs if j.tenant == alone and place(cluster, *gang(j.gpus, cluster.largest)) is not None]
         tenants = [replace(quota, cohort=None)]
     return simulate(POLICIES[policy](), jobs, cluster, tenants, scenario.costs, scenario.seed)
 
@@ -69,7 +68,7 @@ def replay(scenario: Scenario, policies: Sequence[str], workers: int = 2) -> dic
     nominal = {t.name: t.nominal for t in tenants}
     tasks = [(p, None) for p in policies] + [(p, t) for p in policies for t in present if nominal[t] > 0]
     with ProcessPoolExecutor(workers) as pool:
-        futures = {task: pool.submit(_one, task[0], scenario, task[1]) for task in tasks}
+        futures = {task: pool.submit(_one, task[0], scenario, jobs, tenants, task[1]) for task in tasks}
         results = {task: future.result() for task, future in futures.items()}
     out = {}
     for policy in policies:

@@ -17,7 +17,7 @@ import heapq
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phalanx.control.scheduler.cluster import Cluster, Node
 from phalanx.control.scheduler.jobs import Job, Policy, Tenant
@@ -60,9 +60,6 @@ class Outcome:
     busy_gpu_s: float = 0.0  # ... while the queue was not empty
     busy_capacity_gpu_s: float = 0.0  # the cluster's GPU-seconds while the queue was not empty
     wall_s: float = 0.0  # how long the replay took
-    rounds: int = 0
-    decisions: int = 0
-    round_s: list[float] = field(default_factory=list)
 
     @property
     def lost_gpu_s(self) -> float:
@@ -93,7 +90,6 @@ def simulate(
     began_replay = time.perf_counter()
     rng = random.Random(seed)
     state = State(cluster, tenants, Queue(policy.key))
-    per_node = max(node.gpus for node in cluster.nodes.values())
     predictor = DurationPredictor()
     outcome = Outcome(policy.name, cluster.total_gpus, {})
     events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job, epoch)
@@ -147,7 +143,7 @@ def simulate(
             _, kind, _, job_id, epoch = heapq.heappop(events)
             if kind == _ARRIVE:
                 tj = trace_jobs[job_id]
-                workers, per_worker = gang(tj.gpus, per_node)
+                workers, per_worker = gang(tj.gpus, cluster.largest)
                 predicted = predictor.predict(tj.tenant, tj.gpus)
                 submitted = outcome.records[job_id].submit
                 state.submit(Job(job_id, tj.tenant, workers, per_worker, submitted, predicted_s=predicted))
@@ -170,11 +166,7 @@ def simulate(
                 evict(job_id, t, snapshot.pop(job_id))
                 changed = True
         for _ in range(100) if changed else ():  # until a round changes nothing that frees GPUs at once
-            began = time.perf_counter()
             decided = policy.schedule(state, t)
-            outcome.round_s.append(time.perf_counter() - began)
-            outcome.rounds += 1
-            outcome.decisions += len(decided.admit) + len(decided.preempt)
             for admit in decided.admit:
                 state.start(admit.job, admit.placement, t)
                 record = outcome.records[admit.job]
@@ -201,9 +193,7 @@ def simulate(
     return outcome
 
 
-def alone_cluster(gpus: int, gpus_per_node: int, nodes_per_rack: int) -> Cluster | None:
+def alone_cluster(gpus: int, gpus_per_node: int, nodes_per_rack: int) -> Cluster:
     """A tenant's quota as a cluster of its own: whole nodes, and one partial node for the remainder."""
-    if gpus <= 0:
-        return None
     sizes = [gpus_per_node] * (gpus // gpus_per_node) + ([gpus % gpus_per_node] if gpus % gpus_per_node else [])
     return Cluster(Node(f"n{i:03d}", f"r{i // nodes_per_rack:02d}", g) for i, g in enumerate(sizes))
