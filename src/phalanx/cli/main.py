@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
+from phalanx.cli import platform
 from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -321,6 +322,9 @@ def sim(
         table.add_row(*row)
     stdout.print(table)
     err.print(f"replayed in {time.monotonic() - began:.0f} s", highlight=False)
+
+
+platform.register(app)
 
 
 def main() -> None:

@@ -10,27 +10,28 @@ import shutil
 from phalanx.spec import JobSpec, SpecError, SpecIssue
 
 
-def preflight(spec: JobSpec) -> None:
-    """Raise SpecError with every problem found."""
+def preflight(spec: JobSpec, cwd: str | None = None) -> None:
+    """Raise SpecError with every problem found. ``cwd``: the directory the job will run in, which relative
+    paths are relative to (default: this process's; the server checks a job for the directory it came from)."""
     issues = []
     if spec.train is not None:
         from phalanx.train.recipe import model_config
 
         cfg = model_config(spec)  # raises its own SpecError: the model is needed for the data checks
-        issues += _data_issues(spec, cfg.vocab_size)
-    if spec.command is not None and (issue := _command_issue(spec.command[0])) is not None:
+        issues += _data_issues(spec, cfg.vocab_size, cwd)
+    if spec.command is not None and (issue := _command_issue(spec.command[0], cwd)) is not None:
         issues.append(issue)
     if issues:
         raise SpecError(spec.name, issues)
 
 
-def _command_issue(head: str) -> SpecIssue | None:
+def _command_issue(head: str, cwd: str | None) -> SpecIssue | None:
     if head in ("python", "python3"):
         return None  # this interpreter (launch/node.py)
     if os.sep in head:
-        if not os.path.isfile(head):
+        if not os.path.isfile(os.path.join(cwd or "", head)):
             return SpecIssue("command", f"{head!r}: no such file")
-        if not os.access(head, os.X_OK):
+        if not os.access(os.path.join(cwd or "", head), os.X_OK):
             return SpecIssue("command", f"{head!r} is not executable (chmod +x, or run it with python)")
         return None
     if shutil.which(head) is None:
@@ -38,7 +39,7 @@ def _command_issue(head: str) -> SpecIssue | None:
     return None
 
 
-def _data_issues(spec: JobSpec, vocab_size: int) -> list[SpecIssue]:
+def _data_issues(spec: JobSpec, vocab_size: int, cwd: str | None) -> list[SpecIssue]:
     """Open each prepared dataset's index (not its shards' checksums: the workers do that) and check it fits."""
     from phalanx.data.builtin import PREFIX
     from phalanx.data.loader import too_short
@@ -53,7 +54,7 @@ def _data_issues(spec: JobSpec, vocab_size: int) -> list[SpecIssue]:
             continue  # built-in: prepared by the workers on first use
         field = f"data.sources.{i}.path"
         try:
-            ds = TokenDataset(source.path, verify="size")
+            ds = TokenDataset(os.path.join(cwd or "", source.path), verify="size")
         except DatasetError as e:
             issues.append(SpecIssue(field, str(e)))
             continue

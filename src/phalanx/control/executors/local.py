@@ -1,0 +1,149 @@
+"""The local executor: this machine is the cluster, one node with its GPUs (or a configured number of CPU
+slots), and each execution is a ``phalanx run`` supervisor started in its own session, so that it outlives the
+server: a restarted server finds it again by the pid it wrote, checked against the process's start time (a
+reused pid is not mistaken for it).
+
+    <root>/<job id>/attempt-<n>/job.yaml         the resolved spec
+                               /pid              the supervisor's pid, written by the process itself
+                               /supervisor.log   the supervisor's own output
+                               /runs/<name>/<run id>/   its run directory (logs, events, metrics, result)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from phalanx.control.executors.base import Handle, Launch, Phase, Status
+from phalanx.control.scheduler import Node
+
+PID_WAIT_S = 10.0
+# The child writes its own pid before it becomes the supervisor: a server that dies right after the fork
+# still finds the execution.
+_RECORD_PID = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1" && shift && exec "$@"'
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(self, root: str | Path, slots: int | None = None):
+        """``slots``: CPU slots to offer (a job takes procs_per_node x nodes of them); None: this machine's
+        GPUs, each job seeing only its own through CUDA_VISIBLE_DEVICES."""
+        self.root = Path(root).absolute()
+        self.gpus = slots is None
+        if slots is None:
+            import torch
+
+            slots = torch.cuda.device_count()
+        if slots < 1:
+            raise ValueError(
+                "the local executor has nothing to offer: this machine has no GPU; give it CPU slots (--slots N)"
+            )
+        self.slots = slots
+        self._devices: dict[str, list[int]] = {}  # execution dir -> GPU indices it holds
+        self._children: dict[int, subprocess.Popen] = {}  # started by this server: reaped here
+
+    def capacity(self) -> list[Node]:
+        return [Node("local", "local", self.slots)]
+
+    def start(self, launch: Launch) -> Handle:
+        where = self.root / launch.job_id / f"attempt-{launch.attempt}"
+        if where.exists():  # started before a crash: the same execution, never a second one
+            return self._handle(where)
+        where.mkdir(parents=True)
+        (where / "job.yaml").write_text(launch.spec)
+        env = dict(os.environ)
+        gpus = sum(launch.placement.values())
+        if self.gpus:
+            held = {d for devices in self._devices.values() for d in devices}
+            devices = [d for d in range(self.slots) if d not in held][:gpus]
+            self._devices[str(where)] = devices
+            (where / "devices.json").write_text(json.dumps(devices))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        argv = [sys.executable, "-m", "phalanx", "run", str(where / "job.yaml"), "--runs-dir", str(where / "runs")]
+        if launch.nodes > 1:
+            argv.append("--local-nodes")
+        with open(where / "supervisor.log", "ab") as log:
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", _RECORD_PID, "sh", str(where / "pid"), *argv],
+                cwd=launch.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session: no signal meant for the server reaches it
+            )
+        self._children[child.pid] = child
+        return self._handle(where)
+
+    def adopt(self, handle: Handle) -> None:
+        devices = Path(handle["dir"]) / "devices.json"
+        if devices.is_file():
+            self._devices[handle["dir"]] = json.loads(devices.read_text())
+
+    def status(self, handle: Handle) -> Status:
+        where = Path(handle["dir"])
+        run_dir = next((p for p in sorted((where / "runs").glob("*/*")) if p.is_dir()), None)
+        if self._alive(handle):
+            return Status(Phase.RUNNING, run_dir)
+        self._devices.pop(handle["dir"], None)
+        self._children.pop(handle["pid"], None)
+        result = run_dir / "result.json" if run_dir is not None else None
+        if result is not None and result.is_file():
+            ended = json.loads(result.read_text())
+            return Status(Phase.EXITED, run_dir, ended["outcome"], ended["exit_code"], ended["reason"])
+        tail = _tail(where / "supervisor.log")
+        return Status(
+            Phase.LOST,
+            run_dir,
+            reason=f"its supervisor (pid {handle['pid']}) is gone and left no result"
+            + (f"; its last output: {tail}" if tail else ""),
+        )
+
+    def signal(self, handle: Handle, signum: int) -> None:
+        if self._alive(handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle["pid"], signum)
+
+    def cancel(self, handle: Handle) -> None:
+        self.signal(handle, signal.SIGTERM)
+
+    def _handle(self, where: Path) -> Handle:
+        pid_file = where / "pid"
+        deadline = time.monotonic() + PID_WAIT_S
+        while not pid_file.is_file():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the execution in {where} wrote no pid in {PID_WAIT_S:g} s")
+            time.sleep(0.01)
+        pid = int(pid_file.read_text())
+        return {"dir": str(where), "pid": pid, "started": _start_ticks(pid)}
+
+    def _alive(self, handle: Handle) -> bool:
+        child = self._children.get(handle["pid"])
+        if child is not None:
+            return child.poll() is None
+        ticks = _start_ticks(handle["pid"])
+        return ticks is not None and ticks == handle["started"]
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None if there is no such live process (zombies
+    included: exited, not yet reaped)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _tail(path: Path, chars: int = 400) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:].strip()
+    except OSError:
+        return ""

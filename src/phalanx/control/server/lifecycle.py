@@ -1,0 +1,135 @@
+"""A job's states and the only ways between them. Every change is a ``Transition`` row with its cause, written
+in the same transaction as the change, so a job's history is complete whatever crashes.
+
+    PENDING -> ADMITTED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED
+                                   -> PREEMPTED -> PENDING (its checkpoint committed; it resumes from it)
+    ADMITTED, RUNNING -> PENDING when the execution was lost (its process gone without a result)
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from phalanx.control.store import Job, Role, Scope, Transition
+from phalanx.launch.preflight import preflight
+from phalanx.spec import JobSpec, SpecError, SpecIssue, dump_spec, parse_spec
+
+
+class JobState(enum.StrEnum):
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+
+
+S = JobState
+FINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+ACTIVE = (S.ADMITTED, S.RUNNING)  # holding GPUs
+_NEXT: dict[JobState, set[JobState]] = {
+    S.PENDING: {S.ADMITTED, S.CANCELLED},
+    S.ADMITTED: {S.RUNNING, S.PENDING, S.FAILED, S.CANCELLED},
+    S.RUNNING: {S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.PENDING},
+    S.PREEMPTED: {S.PENDING},
+}
+
+
+class Conflict(Exception):
+    """The request does not fit the job's state (cancelling a job that ended, say): 409."""
+
+
+class Invalid(ValueError):
+    """The request is incomplete in a way the schema cannot say (a tenant needed, none given): 422."""
+
+
+def move(session: Session, job: Job, to: JobState, cause: str, now: float) -> None:
+    before = JobState(job.state)
+    if to not in _NEXT.get(before, set()):
+        raise Conflict(f"job {job.id} is {before}; it cannot become {to}")
+    job.state, job.reason = to, cause
+    if to in FINAL:
+        job.ended_at = now
+    session.add(Transition(job=job.seq, at=now, from_state=before, to_state=to, cause=cause))
+
+
+@dataclass(frozen=True)
+class Submission:
+    spec: str  # the job spec, YAML as in a file
+    priority: int
+    tenant: str | None
+    workdir: str
+
+
+def gang(spec: JobSpec) -> tuple[int, int]:
+    """(workers, GPUs each) the scheduler places: an agent per node, spares included."""
+    res = spec.resources
+    return res.nodes + res.spare_nodes, res.procs_per_node
+
+
+def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: float) -> Job:
+    """Validate and queue a job. Raises SpecError (every issue, with its field path), NotFound for a tenant
+    the caller cannot see, Forbidden for a viewer."""
+    who = scope.who
+    if sub.tenant is None and who.tenant is None:
+        raise Invalid("tenant: an admin belongs to no tenant; name the tenant to submit to")
+    tenant = scope.tenant(sub.tenant or who.tenant)  # first: another tenant's is not found, whatever the role
+    scope.require(Role.TENANT_ADMIN, Role.MEMBER, action="submitting a job")
+    spec = parse_spec(sub.spec, source="the submitted spec")
+    preflight(spec, sub.workdir)
+    workers, per_worker = gang(spec)
+    if workers * per_worker > capacity:
+        raise SpecError(
+            "the submitted spec",
+            [SpecIssue("resources", f"the job needs {workers * per_worker} GPUs; the cluster has {capacity} in all")],
+        )
+    job_id = f"{spec.name[:20]}-{secrets.token_hex(4)}"
+    if spec.checkpoint.dir is None:  # every execution of the job resumes from the same checkpoints
+        spec = spec.model_copy(
+            update={"checkpoint": spec.checkpoint.model_copy(update={"dir": str(jobs_dir / job_id / "checkpoints")})}
+        )
+    job = Job(
+        id=job_id,
+        tenant=tenant.name,
+        owner=who.user,
+        name=spec.name,
+        spec=dump_spec(spec),
+        workdir=sub.workdir,
+        priority=sub.priority,
+        workers=workers,
+        gpus=workers * per_worker,
+        state=S.PENDING,
+        reason="queued",
+        submitted_at=now,
+        queued_at=now,
+        attempt=0,
+        cancel_requested=False,
+        preemptions=0,
+        preempted_by=[],
+    )
+    scope.session.add(job)
+    scope.session.flush()  # its seq
+    cause = f"submitted by {who.user} with priority {sub.priority}"
+    scope.session.add(Transition(job=job.seq, at=now, from_state=None, to_state=S.PENDING, cause=cause))
+    return job
+
+
+def cancel(scope: Scope, job: Job, now: float) -> bool:
+    """Cancel at once if the job holds nothing; else ask the loop to stop it (True)."""
+    scope.may_cancel(job)
+    if job.state in FINAL:
+        raise Conflict(f"job {job.id} already ended: {job.state}")
+    if job.state in (S.PENDING, S.PREEMPTED):
+        if job.state == S.PREEMPTED:
+            move(scope.session, job, S.PENDING, "requeued to be cancelled", now)
+        move(scope.session, job, S.CANCELLED, f"cancelled by {scope.who.user}", now)
+        return False
+    job.cancel_requested = True
+    job.reason = f"cancelling at the request of {scope.who.user}: the job checkpoints and stops"
+    return True

@@ -1,0 +1,273 @@
+"""The control loop: read the store, ask the scheduling core for a round, commit its decisions in one
+transaction, then act on the executor. Executor actions are keyed by (job, attempt), so whatever a crash
+interrupts is repaired by the next loop: an admitted job is started (or found started), a running job's
+end is noticed from what its run directory says, a stop that was asked for is delivered once."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from phalanx.checkpoint import CheckpointDir
+from phalanx.control import scheduler as core
+from phalanx.control.executors import Executor, Launch, Phase, Status
+from phalanx.control.server.lifecycle import S, move
+from phalanx.control.store import Execution, Job, Tenant
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.goodput import ledger
+from phalanx.obs.rundir import RunDir
+from phalanx.spec import parse_spec
+
+log = logging.getLogger("phalanx.server")
+MAX_LOST = 3  # executions lost (their process gone without a result) before the job is failed
+
+
+class Controller:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        executor: Executor,
+        policy: core.Policy | None = None,
+        tick_s: float = 0.5,
+        half_life_s: float = 6 * 3600,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.sessions, self.executor = sessions, executor
+        self.policy = policy or core.Phalanx()
+        self.tick_s, self.half_life_s, self.clock = tick_s, half_life_s, clock
+        self.wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._signalled: set[tuple[str, int]] = set()  # (job, attempt) asked to stop by this process
+
+    # --- lifetime
+    def start(self) -> None:
+        """Adopt what runs from before (a restarted server), then loop in a thread."""
+        with self.sessions.begin() as s:
+            for job in s.scalars(select(Job).where(Job.state == S.RUNNING)):
+                self.executor.adopt(job.handle)
+        self._thread = threading.Thread(target=self._loop, name="phalanx-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self.wake.clear()
+            try:
+                self.tick()
+            except Exception:  # one bad round must not stop scheduling; the next one retries
+                log.exception("scheduling round failed")
+            self.wake.wait(self.tick_s)
+
+    def tick(self) -> None:
+        now = self.clock()
+        with self.sessions.begin() as s:
+            self._reconcile(s, now)
+        with self.sessions.begin() as s:
+            self._schedule(s, now)
+        self._start_admitted()
+        self._deliver_stops()
+
+    # --- 1: what the executor says about running jobs
+    def _reconcile(self, s: Session, now: float) -> None:
+        for job in s.scalars(select(Job).where(Job.state == S.RUNNING)):
+            status = self.executor.status(job.handle)
+            execution = _execution(s, job)
+            if status.run_dir is not None:
+                execution.run_dir = str(status.run_dir)
+            if status.phase is not Phase.RUNNING:
+                self._ended(s, job, execution, status, now)
+
+    def _ended(self, s: Session, job: Job, execution: Execution, status: Status, now: float) -> None:
+        execution.ended_at, execution.outcome = now, status.outcome or "lost"
+        if status.run_dir is not None and (status.run_dir / "events.jsonl").is_file():
+            execution.productive_s = ledger(RunDir(status.run_dir)).seconds["productive"]
+        job.handle, job.placement = None, None
+        if status.phase is Phase.EXITED and status.outcome == "succeeded":
+            move(s, job, S.SUCCEEDED, status.reason, now)
+        elif status.phase is Phase.EXITED and status.outcome == "failed":
+            move(s, job, S.FAILED, status.reason, now)
+        elif job.cancel_requested:
+            move(s, job, S.CANCELLED, f"cancelled: {status.reason or 'its process is gone'}", now)
+        elif status.phase is Phase.EXITED:  # stopped by a signal: asked to make room, or from outside
+            step = _checkpoint_step(job)
+            resume = f"it resumes from the checkpoint of step {step}" if step is not None else "no checkpoint yet"
+            if job.evicting_for is not None:
+                move(s, job, S.PREEMPTED, f"{job.reason}; stopped with its checkpoint committed ({resume})", now)
+                job.preemptions += 1
+                job.preempted_by = sorted({*job.preempted_by, job.evicting_for})
+                self._requeue(s, job, f"requeued after preemption; {resume}", now)
+            else:
+                self._requeue(s, job, f"{status.reason} outside the server; requeued, {resume}", now)
+        else:  # lost
+            lost = s.scalar(select(func.count()).where(Execution.job == job.seq, Execution.outcome == "lost"))
+            if lost >= MAX_LOST:
+                move(s, job, S.FAILED, f"lost {lost} times; the last: {status.reason}", now)
+            else:
+                self._requeue(s, job, f"execution lost ({status.reason}); requeued", now)
+
+    def _requeue(self, s: Session, job: Job, cause: str, now: float) -> None:
+        move(s, job, S.PENDING, cause, now)
+        job.evicting_for, job.queued_at = None, now
+
+    # --- 2: one scheduling round
+    def _schedule(self, s: Session, now: float) -> None:
+        cluster = core.Cluster(self.executor.capacity())
+        tenants = [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in s.scalars(select(Tenant))]
+        state = core.State(cluster, tenants, core.Queue(self.policy.key), self.half_life_s)
+        predictor = self._predictor(s)
+        active = s.scalars(select(Job).where(Job.state.in_((S.ADMITTED, S.RUNNING))).order_by(Job.seq)).all()
+        pending = s.scalars(select(Job).where(Job.state == S.PENDING).order_by(Job.seq)).all()
+        for job in active:
+            state.submit(_core_job(job, predictor))
+            started = _execution(s, job).started_at if job.state == S.RUNNING else now
+            state.start(job.id, job.placement, started)
+            if job.evicting_for is not None or job.cancel_requested:
+                state.ask_to_evict(job.id, job.evicting_for or "")
+        state.usage = self._usage(s, now)
+        for job in pending:
+            state.submit(_core_job(job, predictor))
+        state.first.update(dict.fromkeys(_room_made(active, pending)))
+        decided = self.policy.schedule(state, now)
+        by_id = {job.id: job for job in (*active, *pending)}
+        for admit in decided.admit:
+            job = by_id[admit.job]
+            job.placement, job.attempt = admit.placement, job.attempt + 1
+            where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
+            move(s, job, S.ADMITTED, f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else ""), now)
+        for preempt in decided.preempt:
+            victim = by_id[preempt.job]
+            victim.evicting_for = preempt.for_job
+            victim.reason = f"preempted for {preempt.for_job}: {preempt.reason}"
+        admitted = {a.job for a in decided.admit}
+        for job in pending:
+            if job.id not in admitted:
+                why = decided.why(job.id)
+                text = f"{why.kind}: {why.reason}"
+                if why.estimated_start is not None:
+                    text += f" (estimated start in {max(0.0, why.estimated_start - now):.0f} s)"
+                if job.reason != text:
+                    job.reason = text
+
+    def _predictor(self, s: Session) -> core.DurationPredictor:
+        """Durations of each tenant's finished jobs, from their executions (oldest first)."""
+        predictor = core.DurationPredictor()
+        rows = s.execute(
+            select(Job.tenant, Job.gpus, func.sum(Execution.ended_at - Execution.started_at))
+            .join(Execution, Execution.job == Job.seq)
+            .where(Job.state == S.SUCCEEDED)
+            .group_by(Job.seq, Job.tenant, Job.gpus)
+            .order_by(Job.seq.desc())
+            .limit(1000)
+        ).all()
+        for tenant, gpus, seconds in reversed(rows):
+            predictor.record(tenant, gpus, float(seconds or 0.0))
+        return predictor
+
+    def _usage(self, s: Session, now: float) -> core.Usage:
+        """Fair-share usage replayed from the executions of the last few half-lives."""
+        changes: list[tuple[float, str, int]] = []
+        horizon = now - 5 * self.half_life_s
+        for e in s.scalars(select(Execution).where(Execution.ended_at.is_(None) | (Execution.ended_at > horizon))):
+            changes.append((e.started_at, e.tenant, e.gpus))
+            if e.ended_at is not None:
+                changes.append((e.ended_at, e.tenant, -e.gpus))
+        usage, held = core.Usage(self.half_life_s), defaultdict(int)
+        for at, tenant, gpus in sorted(changes):
+            held[tenant] += gpus
+            usage.change(tenant, at, held[tenant])
+        return usage
+
+    # --- 3: acting on the executor
+    def _start_admitted(self) -> None:
+        with self.sessions() as s:
+            ids = s.scalars(select(Job.id).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
+        for job_id in ids:
+            with self.sessions.begin() as s:
+                job = s.scalar(select(Job).where(Job.id == job_id, Job.state == S.ADMITTED))
+                if job is None:
+                    continue
+                now = self.clock()
+                spec = parse_spec(job.spec, source=f"job {job.id}")
+                launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, spec.resources.nodes)
+                try:
+                    job.handle = self.executor.start(launch)
+                except Exception as e:
+                    move(s, job, S.FAILED, f"the {self.executor.name} executor could not start it: {e}", now)
+                    continue
+                s.add(Execution(job=job.seq, tenant=job.tenant, attempt=job.attempt, gpus=job.gpus, started_at=now))
+                move(s, job, S.RUNNING, f"started on {self.executor.name} (execution {job.attempt})", now)
+
+    def _deliver_stops(self) -> None:
+        """SIGTERM (checkpoint, then stop) to each running job asked to make room or to be cancelled, once:
+        a second SIGTERM would make its supervisor kill the workers before the checkpoint commits."""
+        with self.sessions() as s:
+            stopping = s.scalars(
+                select(Job).where(
+                    Job.state == S.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)
+                )
+            ).all()
+            for job in stopping:
+                key = (job.id, job.attempt)
+                if key in self._signalled:
+                    continue
+                self._signalled.add(key)
+                if not _signal_received(_execution(s, job)):  # not delivered before a restart of the server
+                    self.executor.signal(job.handle, signal.SIGTERM)
+
+
+def _execution(s: Session, job: Job) -> Execution:
+    found = s.scalar(select(Execution).where(Execution.job == job.seq, Execution.attempt == job.attempt))
+    assert found is not None, f"job {job.id} runs with no execution {job.attempt}"
+    return found
+
+
+def _core_job(job: Job, predictor: core.DurationPredictor) -> core.Job:
+    return core.Job(
+        id=job.id,
+        tenant=job.tenant,
+        workers=job.workers,
+        per_worker=job.gpus // job.workers,
+        submitted=job.submitted_at,
+        priority=job.priority,
+        predicted_s=predictor.predict(job.tenant, job.gpus),
+        preemptions=job.preemptions,
+        preempted_by=frozenset(job.preempted_by),
+        queued_at=job.queued_at,
+    )
+
+
+def _room_made(active: list[Job], pending: list[Job]) -> list[str]:
+    """Pending jobs whose victims have all left since they were queued: they take the room made for them
+    (``State.first``), before jobs ahead of them in the queue take it back."""
+    leaving_for = {job.evicting_for for job in active}
+    requeued_for: dict[str, float] = {}
+    for job in pending:
+        for by in job.preempted_by:
+            requeued_for[by] = max(requeued_for.get(by, 0.0), job.queued_at)
+    return [job.id for job in pending if job.id not in leaving_for and requeued_for.get(job.id, -1.0) >= job.queued_at]
+
+
+def _checkpoint_step(job: Job) -> int | None:
+    where = parse_spec(job.spec, source=f"job {job.id}").checkpoint.dir
+    return CheckpointDir(where).latest_valid() if where else None
+
+
+def _signal_received(execution: Execution) -> bool:
+    if execution.run_dir is None:
+        return False
+    events = Path(execution.run_dir) / "events.jsonl"
+    return events.is_file() and any(e["kind"] == "signal_received" for e in read_jsonl(events))

@@ -1,0 +1,79 @@
+"""``phalanx server``: open the store, make the first admin on a new database, start the scheduling loop
+over the executor's cluster, and serve the API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from phalanx.control.executors import Executor, LocalExecutor
+from phalanx.control.server import auth
+from phalanx.control.server.app import Server, create_app
+from phalanx.control.server.loop import Controller
+from phalanx.control.store import Role, User, open_store
+
+log = logging.getLogger("phalanx.server")
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database: str | None = None  # default: SQLite in data_dir
+    host: str = "127.0.0.1"
+    port: int = 8470
+    slots: int | None = None  # CPU slots the local executor offers; None: this machine's GPUs
+    admin_token_file: Path | None = None
+    tick_s: float = 0.5
+
+    @property
+    def database_url(self) -> str:
+        return self.database or f"sqlite:///{self.data_dir.absolute() / 'phalanx.db'}"
+
+
+def bootstrap(sessions: sessionmaker[Session]) -> str | None:
+    """On a database with no users: the first admin, and its token (None when there are users already)."""
+    with sessions.begin() as s:
+        if s.scalar(select(User).limit(1)) is not None:
+            return None
+        now = time.time()
+        admin = User(name="admin", tenant=None, role=Role.ADMIN, created_at=now)
+        s.add(admin)
+        s.flush()
+        _, token = auth.issue(s, admin, "bootstrap", now, expires_at=None)
+        return token
+
+
+def build(settings: Settings, executor: Executor | None = None) -> tuple[Server, Controller, str | None]:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    sessions = open_store(settings.database_url)
+    jobs_dir = settings.data_dir.absolute() / "jobs"
+    executor = executor or LocalExecutor(jobs_dir, settings.slots)
+    token = bootstrap(sessions)
+    controller = Controller(sessions, executor, tick_s=settings.tick_s)
+    capacity = sum(node.gpus for node in executor.capacity())
+    return Server(sessions, jobs_dir, capacity, controller.wake.set), controller, token
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    server, controller, token = build(settings)
+    if token is not None:
+        if settings.admin_token_file is not None:
+            fd = os.open(settings.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+            log.warning("new database: the admin's token is in %s (shown once)", settings.admin_token_file)
+        else:
+            print(f"new database: the admin's token, shown once: {token}", flush=True)
+    controller.start()
+    try:
+        uvicorn.run(create_app(server), host=settings.host, port=settings.port, log_level="info")
+    finally:
+        controller.stop()

@@ -1,0 +1,154 @@
+"""The API's request and response bodies. Every field a client sends is bounded: names by a pattern, numbers
+by a range, text by a length, so that nothing hostile reaches the database or the scheduler."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from phalanx.control.store import Role
+
+NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME, description="lower-case letters, digits and '-', at most 63")]
+Gpus = Annotated[int, Field(ge=0, le=1_000_000)]
+MAX_SPEC_CHARS = 256 * 1024
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class TenantIn(In):
+    name: Name
+    quota_gpus: Gpus = Field(description="GPUs guaranteed to the tenant (its nominal quota)")
+    cohort: Name | None = Field(default=None, description="tenants of one cohort may borrow each other's idle GPUs")
+    borrowing_limit: Gpus | None = Field(default=None, description="at most this many GPUs above its quota")
+
+
+class TenantPatch(In):
+    quota_gpus: Gpus | None = None
+    cohort: Name | None = None
+    borrowing_limit: Gpus | None = None
+
+
+class TenantOut(Out):
+    name: str
+    quota_gpus: int
+    cohort: str | None
+    borrowing_limit: int | None
+    created_at: float
+
+
+class UserIn(In):
+    name: Name
+    role: Role
+    tenant: Name | None = Field(default=None, description="the user's tenant (default: the caller's); none for admins")
+
+
+class UserOut(Out):
+    name: str
+    tenant: str | None
+    role: Role
+    created_at: float
+
+
+class TokenIn(In):
+    name: Name = "default"
+    user: Name | None = Field(default=None, description="whose token (default: the caller's)")
+    expires_in_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = Field(
+        default=90 * 86400, description="seconds until it expires; null: never"
+    )
+
+
+class TokenOut(Out):
+    id: str
+    user: str
+    name: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the token itself: shown this once, stored only as a hash")
+
+
+class SubmitIn(In):
+    spec: Annotated[str, Field(min_length=1, max_length=MAX_SPEC_CHARS)] = Field(description="the job spec, as YAML")
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = Field(default=0, description="higher runs first")
+    tenant: Name | None = Field(default=None, description="the tenant to run under (default: the caller's)")
+    workdir: Annotated[str, Field(pattern=r"^/[^\x00]{0,4095}$")] | None = Field(
+        default=None,
+        description="absolute directory the job runs in (relative paths in the spec); default: the server's",
+    )
+
+
+class JobOut(Out):
+    id: str
+    name: str
+    tenant: str
+    owner: str
+    state: str
+    reason: str
+    priority: int
+    gpus: int
+    submitted_at: float
+    ended_at: float | None
+    attempt: int
+    preemptions: int
+    placement: dict[str, int] | None
+    steps_done: int | None = Field(default=None, description="steps done, as the job last reported")
+    total_steps: int | None = None
+
+
+class TransitionOut(Out):
+    at: float
+    from_state: str | None
+    to_state: str
+    cause: str
+
+
+class JobEvents(BaseModel):
+    transitions: list[TransitionOut]
+    events: list[dict[str, Any]] = Field(description="the run directories' events, each with its execution")
+
+
+class LogChunk(BaseModel):
+    rank: int
+    execution: int | None = Field(description="the execution this chunk is from; None: none has a log yet")
+    latest: int | None = Field(description="the job's latest execution with a run directory")
+    offset: int
+    next_offset: int = Field(description="the offset to ask for next")
+    size: int = Field(description="the log's size now, in bytes")
+    text: str
+    job_ended: bool
+    ranks: list[int] = Field(description="the ranks with a log in this execution")
+
+
+class Quota(BaseModel):
+    tenant: str
+    quota_gpus: int
+    cohort: str | None
+    borrowing_limit: int | None
+    gpus_in_use: int
+    jobs_running: int
+    jobs_pending: int
+
+
+class Usage(BaseModel):
+    tenant: str
+    job: str | None = None
+    allocated_gpu_hours: float
+    productive_gpu_hours: float
+
+
+class UsageReport(BaseModel):
+    since: float
+    until: float
+    tenants: list[Usage]
+    jobs: list[Usage]

@@ -1,0 +1,141 @@
+"""What a job's run directories say, for the API: progress, logs, events, metrics, goodput, checkpoints. The
+server is not in the data path: the job's supervisor writes these files, the server only reads them."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from phalanx.checkpoint import CheckpointDir
+from phalanx.control.server.lifecycle import FINAL
+from phalanx.control.server.models import LogChunk, Usage, UsageReport
+from phalanx.control.store import Execution, Job, NotFound, Scope
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.goodput import CATEGORIES, ledger
+from phalanx.obs.rundir import RunDir
+from phalanx.spec import parse_spec
+
+LOG_CHUNK = 1 << 20
+
+
+def run_dirs(scope: Scope, job: Job) -> list[tuple[int, RunDir]]:
+    """The job's run directories, by execution (attempt), oldest first."""
+    return [(e.attempt, RunDir(Path(e.run_dir))) for e, _ in scope.executions(job) if e.run_dir]
+
+
+def progress(job: Job, runs: list[tuple[int, RunDir]]) -> tuple[int | None, int | None]:
+    """(steps done, steps in all) as rank 0's metrics last said, from the newest execution that said it; the
+    total from the recipe's spec or the script's own report."""
+    spec = parse_spec(job.spec, source=f"job {job.id}")
+    total = spec.train.steps if spec.train is not None else None
+    for _, run in reversed(runs):
+        last = _last_line(run.metrics)
+        if last is not None:
+            return int(last["step"]) + 1, last.get("total_steps") or total
+    return None, total
+
+
+def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int, execution: int | None, offset: int) -> LogChunk:
+    """Up to 1 MiB of ``rank``'s log in one execution (default: the latest), from byte ``offset``."""
+    latest = runs[-1][0] if runs else None
+    execution = latest if execution is None else execution
+    run = dict(runs).get(execution) if execution is not None else None
+    if run is None and execution is not None and execution != latest:
+        raise NotFound("execution", execution)
+    ranks = sorted(int(p.name.split("-")[1].split(".")[0]) for p in run.logs.glob("rank-*.log")) if run else []
+    path = run.log(rank) if run is not None else None
+    size = path.stat().st_size if path is not None and path.is_file() else 0
+    data = b""
+    if path is not None and offset < size:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_CHUNK)
+    return LogChunk(
+        rank=rank, execution=execution, latest=latest, offset=offset, next_offset=offset + len(data), size=size,
+        text=data.decode(errors="replace"), job_ended=job.state in FINAL, ranks=ranks,
+    )  # fmt: skip
+
+
+def events(runs: list[tuple[int, RunDir]]) -> list[dict[str, Any]]:
+    return [{"execution": n, **e} for n, run in runs if run.events.is_file() for e in read_jsonl(run.events)]
+
+
+def metrics(runs: list[tuple[int, RunDir]]) -> list[dict[str, Any]]:
+    return [{"execution": n, **m} for n, run in runs if run.metrics.is_file() for m in read_jsonl(run.metrics)]
+
+
+def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
+    """Each execution's ledger, and their sum (the job's wall time outside executions, queued, is not in it)."""
+    per = []
+    total = dict.fromkeys(CATEGORIES, 0.0)
+    for n, run in runs:
+        if not run.events.is_file():
+            continue
+        book = ledger(run)
+        per.append({"execution": n, **book.to_json()})
+        for name, seconds in book.seconds.items():
+            total[name] += seconds
+    wall = sum(p["wall_s"] for p in per)
+    return {"executions": per, "wall_s": wall, "goodput": total["productive"] / wall if wall else 0.0, "seconds": total}
+
+
+def checkpoints(job: Job) -> list[dict[str, Any]]:
+    where = parse_spec(job.spec, source=f"job {job.id}").checkpoint.dir
+    if where is None:
+        return []
+    found = CheckpointDir(where)
+    return [
+        {"step": step, "location": found.location(step), "problem": found.verify(step), "bytes": found.size(step)}
+        for step in found.steps()
+    ]
+
+
+def usage(scope: Scope, since: float, now: float) -> UsageReport:
+    """GPU-hours from ``since`` to now: allocated (GPUs x time held) and productive (GPUs x the goodput ledger's
+    productive time), per tenant and per job; an execution that overlaps ``since`` counts in proportion."""
+    tenants: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    jobs: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e, job_id in scope.executions(since=since):
+        end = e.ended_at if e.ended_at is not None else now
+        held = max(0.0, end - e.started_at)
+        inside = max(0.0, end - max(e.started_at, since))
+        share = inside / held if held > 0 else 0.0
+        allocated = e.gpus * inside / 3600
+        productive = e.gpus * _productive_s(e) * share / 3600
+        for row in (tenants[e.tenant], jobs[(e.tenant, job_id)]):
+            row[0] += allocated
+            row[1] += productive
+    return UsageReport(
+        since=since,
+        until=now,
+        tenants=[
+            Usage(tenant=t, allocated_gpu_hours=a, productive_gpu_hours=p) for t, (a, p) in sorted(tenants.items())
+        ],
+        jobs=[Usage(tenant=t, job=j, allocated_gpu_hours=a, productive_gpu_hours=p) for (t, j), (a, p) in jobs.items()],
+    )
+
+
+def _productive_s(e: Execution) -> float:
+    if e.productive_s is not None:
+        return e.productive_s
+    if e.run_dir and (Path(e.run_dir) / "events.jsonl").is_file():  # still running: its ledger so far
+        return ledger(RunDir(Path(e.run_dir))).seconds["productive"]
+    return 0.0
+
+
+def _last_line(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue  # a line being written
+    return None

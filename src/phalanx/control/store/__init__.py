@@ -1,0 +1,25 @@
+"""The control plane's store: tables (SQLAlchemy 2), migrations (Alembic), and the tenant-scoped access layer
+every read and write of a tenant's rows goes through."""
+
+from phalanx.control.store.access import Forbidden, Identity, NotFound, Role, Scope
+from phalanx.control.store.database import StoreError, connect, migrate, open_store
+from phalanx.control.store.schema import Base, Execution, Job, Tenant, Token, Transition, User
+
+__all__ = [
+    "Base",
+    "Execution",
+    "Forbidden",
+    "Identity",
+    "Job",
+    "NotFound",
+    "Role",
+    "Scope",
+    "StoreError",
+    "Tenant",
+    "Token",
+    "Transition",
+    "User",
+    "connect",
+    "migrate",
+    "open_store",
+]

@@ -1,0 +1,106 @@
+"""The control plane's tables. Times are Unix seconds (float), as the run directories' events are; job specs are
+stored as the resolved YAML the job runs with."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[str]: JSON}
+
+
+class Tenant(Base):
+    """A team: its guaranteed GPUs (``quota_gpus``), and the cohort whose idle GPUs it may borrow."""
+
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    quota_gpus: Mapped[int] = mapped_column(Integer)
+    cohort: Mapped[str | None] = mapped_column(String(63))
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class User(Base):
+    """A person or a robot. ``tenant`` is None for admins only."""
+
+    __tablename__ = "users"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    tenant: Mapped[str | None] = mapped_column(ForeignKey("tenants.name"))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Token(Base):
+    """An API token: ``phx_<id>_<secret>``; only the secret's SHA-256 is kept, so the token is shown once."""
+
+    __tablename__ = "tokens"
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    user: Mapped[str] = mapped_column(ForeignKey("users.name"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Job(Base):
+    """A submitted job and where it stands. ``seq`` orders submissions; ``attempt`` counts its executions
+    (each a start on the executor, after admission or after a preemption)."""
+
+    __tablename__ = "jobs"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"))
+    owner: Mapped[str] = mapped_column(ForeignKey("users.name"))
+    name: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[str] = mapped_column(Text)
+    workdir: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer)
+    workers: Mapped[int] = mapped_column(Integer)  # the gang: workers x (gpus / workers) GPUs each
+    gpus: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    submitted_at: Mapped[float] = mapped_column(Float)
+    queued_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the executor's, for the current execution
+    evicting_for: Mapped[str | None] = mapped_column(String(32))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    preempted_by: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+    __table_args__ = (Index("ix_jobs_tenant_state", "tenant", "state"), Index("ix_jobs_state", "state"))
+
+
+class Transition(Base):
+    """A job's state change and its cause: the job's history, never rewritten."""
+
+    __tablename__ = "transitions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[int] = mapped_column(ForeignKey("jobs.seq"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str] = mapped_column(Text)
+
+
+class Execution(Base):
+    """One start of a job on the executor, from start to exit: what usage is counted from."""
+
+    __tablename__ = "executions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job: Mapped[int] = mapped_column(ForeignKey("jobs.seq"), index=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float)
+    run_dir: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    productive_s: Mapped[float | None] = mapped_column(Float)  # from the run's goodput ledger, once it ended

@@ -1,0 +1,258 @@
+"""The REST API in-process (FastAPI's test client over the real app and a real SQLite store): every endpoint x
+role x tenant, authentication, bad input, and a fuzz of the whole API from its OpenAPI schema."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import schemathesis
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from sqlalchemy import select
+
+from phalanx.control.server import auth
+from phalanx.control.server.app import MAX_BODY, Server, create_app
+from phalanx.control.server.main import bootstrap
+from phalanx.control.store import Execution, Job, Role, Token, open_store
+
+SPEC = "name: t\nresources: {procs_per_node: 1, device: cpu}\ncommand: [python, -c, pass]\n"
+TENANTS = ("alpha", "beta")
+ROLES = (Role.TENANT_ADMIN, Role.MEMBER, Role.VIEWER)
+
+
+class World:
+    """Tenants alpha and beta, each with a user of every role and a job with a run directory (logs, events,
+    metrics); tokens for everyone."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.sessions = open_store(f"sqlite:///{tmp / 'phalanx.db'}")
+        self.admin = bootstrap(self.sessions)
+        self.app = create_app(Server(self.sessions, tmp / "jobs", 8, lambda: None))
+        self.http = TestClient(self.app, raise_server_exceptions=False)
+        self.tokens: dict[str, str] = {"admin": self.admin}
+        self.token_ids: dict[str, str] = {}
+        for tenant in TENANTS:
+            self.call("admin", "POST", "/tenants", json={"name": tenant, "quota_gpus": 4}, expect=201)
+            for role in ROLES:
+                user = f"{tenant}-{role}"
+                self.call("admin", "POST", "/users", json={"name": user, "role": role, "tenant": tenant}, expect=201)
+                made = self.call("admin", "POST", "/tokens", json={"user": user}, expect=201)
+                self.tokens[user], self.token_ids[user] = made["token"], made["id"]
+        self.jobs = {t: self._job(t, tmp) for t in TENANTS}
+
+    def _job(self, tenant: str, tmp: Path) -> str:
+        job = self.call(f"{tenant}-member", "POST", "/jobs", json={"spec": SPEC}, expect=201)
+        run = tmp / "runs" / tenant
+        (run / "logs").mkdir(parents=True)
+        (run / "logs" / "rank-0.log").write_text(f"secret log line of {tenant}\n")
+        (run / "events.jsonl").write_text(json.dumps({"ts": 1.0, "kind": "run_started", "who": tenant}) + "\n")
+        (run / "metrics.jsonl").write_text(json.dumps({"ts": 2.0, "step": 0, "loss": 1.0, "who": tenant}) + "\n")
+        with self.sessions.begin() as s:
+            row = s.scalar(select(Job).where(Job.id == job["id"]))
+            s.add(Execution(job=row.seq, tenant=tenant, attempt=1, gpus=1, started_at=1.0, run_dir=str(run)))
+        return job["id"]
+
+    def call(self, who: str, method: str, path: str, expect: int | None = None, **kwargs):
+        response = self.http.request(
+            method, "/api/v1" + path, headers={"Authorization": f"Bearer {self.tokens[who]}"}, **kwargs
+        )
+        if expect is not None:
+            assert response.status_code == expect, (method, path, response.status_code, response.text)
+        return response.json()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> World:
+    return World(tmp_path_factory.mktemp("api"))
+
+
+def _requests(w: World, tenant: str) -> dict[tuple[str, str], tuple[str, dict]]:
+    """Per endpoint: a request for ``tenant``'s things (path filled in, body or query)."""
+    job = w.jobs[tenant]
+    return {
+        ("GET", "/api/v1/whoami"): ("/whoami", {}),
+        ("GET", "/api/v1/tenants"): ("/tenants", {}),
+        ("POST", "/api/v1/tenants"): ("/tenants", {"json": {"name": f"{tenant}-2", "quota_gpus": 1}}),
+        ("GET", "/api/v1/tenants/{name}"): (f"/tenants/{tenant}", {}),
+        ("PATCH", "/api/v1/tenants/{name}"): (f"/tenants/{tenant}", {"json": {"quota_gpus": 4}}),
+        ("GET", "/api/v1/users"): ("/users", {}),
+        ("POST", "/api/v1/users"): (
+            "/users",
+            {"json": {"name": f"x{time.time_ns()}", "role": "viewer", "tenant": tenant}},
+        ),
+        ("GET", "/api/v1/tokens"): ("/tokens", {}),
+        ("POST", "/api/v1/tokens"): ("/tokens", {"json": {"user": f"{tenant}-viewer"}}),
+        ("DELETE", "/api/v1/tokens/{token_id}"): (f"/tokens/{w.token_ids[f'{tenant}-viewer']}", {}),
+        ("POST", "/api/v1/jobs"): ("/jobs", {"json": {"spec": SPEC, "tenant": tenant}}),
+        ("GET", "/api/v1/jobs"): ("/jobs", {"params": {"tenant": tenant}}),
+        ("GET", "/api/v1/jobs/{job_id}"): (f"/jobs/{job}", {}),
+        ("POST", "/api/v1/jobs/{job_id}/cancel"): (f"/jobs/{job}/cancel", {}),
+        ("GET", "/api/v1/jobs/{job_id}/logs"): (f"/jobs/{job}/logs", {}),
+        ("GET", "/api/v1/jobs/{job_id}/events"): (f"/jobs/{job}/events", {}),
+        ("GET", "/api/v1/jobs/{job_id}/metrics"): (f"/jobs/{job}/metrics", {}),
+        ("GET", "/api/v1/jobs/{job_id}/goodput"): (f"/jobs/{job}/goodput", {}),
+        ("GET", "/api/v1/jobs/{job_id}/checkpoints"): (f"/jobs/{job}/checkpoints", {}),
+        ("GET", "/api/v1/quota"): ("/quota", {}),
+        ("GET", "/api/v1/usage"): ("/usage", {}),
+    }
+
+
+def _routes(w: World) -> set[tuple[str, str]]:
+    return {(m, r.path) for r in w.app.routes if isinstance(r, APIRoute) for m in r.methods}
+
+
+def _leaks(response, w: World, tenant: str) -> list[str]:
+    """What of ``tenant`` shows in a response: its name, users, job, log line, events or metrics. A 404 may
+    only repeat the key it was asked for."""
+    if response.status_code == 404:
+        detail = response.json()["detail"]
+        return [] if re.fullmatch(r"\w+ (['\"]).*\1 not found", detail, re.DOTALL) else [detail]
+    text = response.text
+    marks = [f'"{tenant}"', f"{tenant}-member", w.jobs[tenant], f"secret log line of {tenant}", f'"who": "{tenant}"']
+    return [m for m in marks if m in text.replace('":"', '": "')]
+
+
+# What an endpoint answers a caller of the right tenant, by role: the positive control of the matrix.
+ADMIN_ONLY = {("POST", "/api/v1/tenants"), ("PATCH", "/api/v1/tenants/{name}")}
+WRITES = {("POST", "/api/v1/users"), ("POST", "/api/v1/tokens"), ("DELETE", "/api/v1/tokens/{token_id}")}
+SUBMIT_CANCEL = {("POST", "/api/v1/jobs"), ("POST", "/api/v1/jobs/{job_id}/cancel")}
+
+
+def _own_status(endpoint: tuple[str, str], role: Role) -> set[int]:
+    if endpoint in ADMIN_ONLY:
+        return {403}
+    if endpoint == ("POST", "/api/v1/tokens"):  # a token for the tenant's viewer: its own, or a tenant-admin's
+        return {201} if role in (Role.TENANT_ADMIN, Role.VIEWER) else {403}
+    if endpoint in WRITES:
+        return {200, 201} if role is Role.TENANT_ADMIN else {403}
+    if endpoint in SUBMIT_CANCEL:
+        return {200, 201, 409} if role is not Role.VIEWER else {403}
+    return {200}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_endpoint_hides_another_tenant(world: World, role: Role) -> None:
+    """For each endpoint: a caller of alpha is served alpha's things by its role, and gets 404 (never 403,
+    never data) for beta's; listings never show beta."""
+    assert set(_requests(world, "beta")) == _routes(world), "an endpoint is missing from this matrix"
+    caller = f"alpha-{role}"
+    for endpoint, (path, kwargs) in _requests(world, "beta").items():
+        method = endpoint[0]
+        response = world.http.request(
+            method, "/api/v1" + path, headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
+        )
+        assert not _leaks(response, world, "beta"), (endpoint, role, response.text)
+        has_target = "{" in endpoint[1] or "tenant" in kwargs.get("json", {}) or "user" in kwargs.get("json", {})
+        if endpoint in ADMIN_ONLY and "{" not in endpoint[1]:
+            assert response.status_code == 403, (endpoint, role, response.text)
+        elif has_target:
+            assert response.status_code == 404, (endpoint, role, response.status_code, response.text)
+        else:
+            assert response.status_code == 200, (endpoint, role, response.text)
+    for endpoint, (path, kwargs) in _requests(world, "alpha").items():
+        if endpoint == ("DELETE", "/api/v1/tokens/{token_id}"):
+            continue  # revoking alpha-viewer's token would end this matrix for that role
+        response = world.http.request(
+            endpoint[0], "/api/v1" + path, headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
+        )
+        assert response.status_code in _own_status(endpoint, role), (endpoint, role, response.text)
+
+
+def test_admin_sees_every_tenant(world: World) -> None:
+    assert {t["name"] for t in world.call("admin", "GET", "/tenants", expect=200)} >= set(TENANTS)
+    assert world.call("admin", "GET", f"/jobs/{world.jobs['beta']}/logs", expect=200)["text"] == (
+        "secret log line of beta\n"
+    )
+
+
+def test_every_request_needs_a_valid_token(world: World) -> None:
+    for endpoint, (path, kwargs) in _requests(world, "alpha").items():
+        for headers in ({}, {"Authorization": "Bearer nonsense"}, {"Authorization": "Bearer phx_" + "0" * 12 + "_x"}):
+            response = world.http.request(endpoint[0], "/api/v1" + path, headers=headers, **kwargs)
+            assert response.status_code == 401, (endpoint, headers, response.text)
+    made = world.call("alpha-member", "POST", "/tokens", json={"name": "short", "expires_in_s": 1}, expect=201)
+    world.http.headers["Authorization"] = f"Bearer {made['token']}"
+    try:
+        assert world.http.get("/api/v1/whoami").status_code == 200
+        time.sleep(1.1)
+        assert world.http.get("/api/v1/whoami").status_code == 401  # expired
+        revoked = world.call("alpha-member", "POST", "/tokens", json={"name": "gone"}, expect=201)
+        world.call("alpha-member", "DELETE", f"/tokens/{revoked['id']}", expect=200)
+        world.http.headers["Authorization"] = f"Bearer {revoked['token']}"
+        assert world.http.get("/api/v1/whoami").status_code == 401
+    finally:
+        world.http.headers.pop("Authorization")
+    with world.sessions() as s:  # only hashes are stored
+        assert made["token"].split("_", 2)[2] not in {t.secret_sha256 for t in s.scalars(select(Token))}
+        assert s.get(Token, made["id"]).secret_sha256 == auth.digest(made["token"].split("_", 2)[2])
+
+
+def test_bad_input_gets_a_4xx_with_a_message(world: World) -> None:
+    member = {"Authorization": f"Bearer {world.tokens['alpha-member']}"}
+    for spec, fields in (
+        ("name: t\ntrain: {steps: -3}\nresources: {procs_per_node: 0}\n", {"train.steps", "resources.procs_per_node"}),
+        ("name: t\ntrain: {model: {preset: nope}}\n", {"train.model.preset"}),  # the checks `phalanx run` makes
+        ("name: t\ntrain: {}\ndata: {sources: [{path: no/such/data}]}\n", {"data.sources.0.path"}),
+    ):
+        bad = world.http.post("/api/v1/jobs", headers=member, json={"spec": spec, "workdir": str(world.tmp)})
+        assert bad.status_code == 422, bad.text
+        assert {".".join(d["loc"]) for d in bad.json()["detail"]} == {f"body.spec.{f}" for f in fields}, bad.text
+    huge = world.http.post("/api/v1/jobs", headers=member, json={"spec": "x" * (MAX_BODY + 1)})
+    assert huge.status_code == 413 and "request body over" in huge.json()["detail"]
+    malformed = world.http.post("/api/v1/jobs", headers={**member, "content-type": "application/json"}, content="{")
+    assert malformed.status_code == 422
+    too_big = world.http.post(
+        "/api/v1/jobs", headers=member, json={"spec": SPEC.replace("procs_per_node: 1", "procs_per_node: 9")}
+    )
+    assert too_big.status_code == 422 and "the cluster has 8" in too_big.text
+    hostile = world.http.post(
+        "/api/v1/jobs", headers=member, json={"spec": "a: &a [*a, *a, *a, *a, *a, *a, *a, *a]\n" * 3}
+    )
+    assert hostile.status_code == 422
+    assert world.http.get("/api/v1/jobs/nope", headers=member).json() == {"detail": "job 'nope' not found"}
+    assert (
+        world.http.post(
+            f"/api/v1/jobs/{world.jobs['alpha']}/cancel",
+            headers={"Authorization": f"Bearer {world.tokens['alpha-viewer']}"},
+        ).status_code
+        == 403
+    )
+
+
+def test_fuzz_finds_no_500_and_no_leak(tmp_path: Path) -> None:
+    """Requests generated from the OpenAPI schema, valid and not, some aimed at beta's job, tenant and token,
+    as alpha's tenant-admin (the most a tenant's token can do): never a 5xx, and nothing of beta in any
+    answer."""
+    w = World(tmp_path)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", w.app)
+    beta = {"job_id": w.jobs["beta"], "name": "beta", "token_id": w.token_ids["beta-viewer"]}
+    aimed = []
+    for path, method in sorted(_routes(w)):
+        given_params = {k: v for k, v in beta.items() if "{" + k + "}" in path}
+        if given_params:
+            aimed.append(schema[path][method].as_strategy(path_parameters=given_params))
+    cases = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE), *aimed)
+    headers = {"Authorization": f"Bearer {w.tokens['alpha-tenant-admin']}"}
+
+    @given(cases)
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def fuzz(case) -> None:
+        case.headers = {**(case.headers or {}), **headers}  # authenticated: what a tenant's token reaches
+        response = case.call()
+        seen.add((case.method, case.operation.path, response.status_code))
+        where = (case.method, case.formatted_path, case.query, case.body)
+        assert response.status_code < 500, (*where, response.text)
+        assert not _leaks(response, w, "beta"), (*where, response.text)
+
+    seen: set[tuple[str, str, int]] = set()
+    fuzz()
+    assert {(m, p) for m, p, _ in seen} == _routes(w)  # every operation was exercised
+    assert {code for *_, code in seen} >= {200, 201, 404, 422}

@@ -1,0 +1,215 @@
+"""`phalanx server` for real: a server process on loopback with the local executor, jobs run by real
+supervisors, driven through the CLI and the Python client. Submit to success, checkpoint-aware preemption
+with no step lost or repeated, and a server killed with SIGKILL while jobs run and wait."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, alive, free_port
+from phalanx.client import Client
+from phalanx.obs.events import read_jsonl
+
+LONG = 400  # steps of a job that must outlast a server restart or a preemption: ~15 s here
+
+
+def tiny(name: str, steps: int, every: int = 5) -> str:
+    return (
+        f"name: {name}\nresources: {{procs_per_node: 2, device: cpu}}\n"
+        f"train: {{model: {{preset: llama-tiny}}, parallel: {{dp_shard: 2}}, steps: {steps}, global_batch: 8,"
+        f" micro_batch: 4, seq_len: 32, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}}}\n"
+        f"checkpoint: {{every_steps: {every}}}\n"
+    )
+
+
+class ServerProcess:
+    """`phalanx server` in a process of its own, with its data directory; killed and started again at will."""
+
+    def __init__(self, tmp: Path, slots: int):
+        self.tmp, self.slots, self.port = tmp, slots, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token_file = tmp / "admin.token"
+        self.log = tmp / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+        self.admin = Client(self.url, self.token_file.read_text().strip())
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "phalanx", "server", "--data-dir", str(self.tmp / "data"), "--port",
+            str(self.port), "--slots", str(self.slots), "--admin-token-file", str(self.token_file),
+        ]  # fmt: skip
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(self.url + "/openapi.json", timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                assert self.proc.poll() is None, self.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not start in 60 s"
+                time.sleep(0.2)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def member(self, tenant: str, quota: int, user: str) -> Client:
+        self.admin.create_tenant(tenant, quota)
+        self.admin.create_user(user, "member", tenant)
+        return Client(self.url, self.admin.create_token("test", user)["token"])
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    started = ServerProcess(tmp_path, slots=2)
+    yield started
+    started.stop()
+    for job in started.admin.jobs() if started.proc.poll() is None else []:
+        started.admin.cancel(job["id"])
+
+
+def wait_for(client: Client, job_id: str, states: set[str], timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while (job := client.job(job_id))["state"] not in states:
+        assert time.monotonic() < deadline, f"{job_id} still {job['state']} ({job['reason']}) after {timeout} s"
+        time.sleep(0.2)
+    return job
+
+
+def steps(client: Client, job_id: str) -> list[tuple[int, int]]:
+    """(execution, step) of each step the job reported, in order."""
+    return [(m["execution"], m["step"]) for m in client.metrics(job_id)]
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "phalanx", *args], capture_output=True, text=True, env={**os.environ, **env}, cwd=REPO
+    )
+
+
+def test_a_job_through_the_cli(server: ServerProcess, tmp_path: Path) -> None:
+    """login, tenants, users, tokens, submit, jobs, status, logs (after the end, and followed), usage, cancel."""
+    admin_env = {"PHALANX_CONFIG": str(tmp_path / "admin.json")}
+    token = server.token_file.read_text().strip()
+    assert cli(admin_env, "login", server.url, "--token", token).returncode == 0
+    assert cli(admin_env, "tenants", "create", "vision", "--quota", "2").returncode == 0
+    assert cli(admin_env, "users", "create", "alice", "--tenant", "vision").returncode == 0
+    made = cli(admin_env, "tokens", "create", "--user", "alice")
+    alice = {"PHALANX_CONFIG": str(tmp_path / "alice.json")}
+    assert cli(alice, "login", server.url, "--token", made.stdout.strip()).returncode == 0
+    spec = tmp_path / "job.yaml"
+    spec.write_text(tiny("cli", 8))
+    submitted = cli(alice, "submit", str(spec))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntrain: {steps: 0}\n")
+    refused = cli(alice, "submit", str(bad))
+    assert refused.returncode == 2 and "spec.train.steps: Input should be greater than 0" in refused.stderr
+
+    followed = cli(alice, "logs", job_id, "-f")  # returns when the job ends
+    assert followed.returncode == 0 and "holds 65,696 params" in followed.stdout
+    job = server.admin.job(job_id)
+    assert job["state"] == "SUCCEEDED" and job["steps_done"] == 8 and job["owner"] == "alice"
+    assert cli(alice, "logs", job_id, "--rank", "1").stdout.strip()  # still readable after the end
+    status = cli(alice, "status", job_id).stdout
+    assert "PENDING -> ADMITTED" in status and "RUNNING -> SUCCEEDED" in status
+    assert job_id in cli(alice, "jobs", "--state", "succeeded").stdout
+    usage = cli(alice, "usage", "--since", "1h", "--by-job").stdout
+    assert job_id in usage and "vision" in usage
+    report = server.admin.usage()
+    assert report["jobs"][0]["allocated_gpu_hours"] > report["jobs"][0]["productive_gpu_hours"] > 0
+    assert "already ended" in cli(alice, "cancel", job_id).stderr
+    assert token not in server.log.read_text() and made.stdout.strip() not in server.log.read_text()  # never logged
+
+
+def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server: ServerProcess) -> None:
+    """A higher-priority job arrives while a lower one holds every slot: the lower one is asked to checkpoint
+    (SIGTERM: the recipe's emergency save), is requeued once its checkpoint commits, and resumes from it
+    after the other ends; its steps run once each, and its losses equal an uninterrupted run's."""
+    client = server.member("research", 2, "bob")
+    # Long enough (~15 s) to be running when the other arrives; no periodic save: the preemption's is the one.
+    low = client.submit(tiny("low", LONG, every=1000))["id"]
+    deadline = time.monotonic() + 120
+    while (client.job(low)["steps_done"] or 0) < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    high = client.submit(tiny("high", 6), priority=10)["id"]
+    wait_for(client, high, {"SUCCEEDED"})
+    wait_for(client, low, {"SUCCEEDED"})
+
+    history = [(t["from_state"], t["to_state"]) for t in client.events(low)["transitions"]]
+    assert history == [
+        (None, "PENDING"), ("PENDING", "ADMITTED"), ("ADMITTED", "RUNNING"), ("RUNNING", "PREEMPTED"),
+        ("PREEMPTED", "PENDING"), ("PENDING", "ADMITTED"), ("ADMITTED", "RUNNING"), ("RUNNING", "SUCCEEDED"),
+    ]  # fmt: skip
+    preempted = client.events(low)["transitions"][3]["cause"]
+    assert f"preempted for {high}" in preempted and "priority" in preempted
+    ran = steps(client, low)
+    first = [s for e, s in ran if e == 1]
+    assert [s for _, s in ran] == list(range(LONG)), "a step was lost or repeated"
+    assert 5 <= len(first) < LONG and {e for e, _ in ran} == {1, 2}
+    high_started = next(t["at"] for t in client.events(high)["transitions"] if t["to_state"] == "RUNNING")
+    low_back = [t["at"] for t in client.events(low)["transitions"] if t["to_state"] == "RUNNING"][1]
+    assert low_back > high_started
+
+    reference = server.tmp / "reference"
+    reference.mkdir()
+    (reference / "job.yaml").write_text(tiny("low", LONG, every=1000))
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "run", "job.yaml"], cwd=reference, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    (run,) = (reference / "runs" / "low").iterdir()
+    expected = [m["loss"] for m in read_jsonl(run / "metrics.jsonl")]
+    assert [m["loss"] for m in client.metrics(low)] == expected  # bitwise: resumed exactly
+
+
+def test_kill9_the_server_loses_and_duplicates_nothing(server: ServerProcess) -> None:
+    """SIGKILL the server while one job runs and three wait; start it again: the running job is adopted with
+    its progress (the same supervisor, never a second one), the waiting ones are still queued in order, and
+    every job runs exactly once to success."""
+    client = server.member("team", 2, "carol")
+    running = client.submit(tiny("first", LONG, every=50))["id"]  # still running when the server is back
+    wait_for(client, running, {"RUNNING"})
+    queued = [client.submit(tiny(f"next{i}", 4))["id"] for i in range(3)]
+    deadline = time.monotonic() + 120
+    while (client.job(running)["steps_done"] or 0) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pid = int((server.tmp / "data" / "jobs" / running / "attempt-1" / "pid").read_text())
+    server.kill9()
+    assert alive(pid), "the job died with the server"
+    # The server is down: the run directory tells the progress.
+    metrics = next((server.tmp / "data" / "jobs" / running / "attempt-1" / "runs").glob("*/*/metrics.jsonl"))
+    progress_before = len(list(read_jsonl(metrics)))
+    server.start()
+
+    adopted = client.job(running)
+    assert adopted["state"] == "RUNNING" and adopted["attempt"] == 1
+    assert adopted["steps_done"] >= progress_before
+    assert [j["id"] for j in client.jobs(["PENDING"])] == queued
+    for job_id in [running, *queued]:
+        wait_for(client, job_id, {"SUCCEEDED"})
+    for job_id in [running, *queued]:
+        job = client.job(job_id)
+        assert job["attempt"] == 1, f"{job_id} ran {job['attempt']} times"
+        assert [s for _, s in steps(client, job_id)] == list(range(LONG if job_id == running else 4))
+    assert not alive(pid)
+    started = [t["at"] for j in queued for t in client.events(j)["transitions"] if t["to_state"] == "RUNNING"]
+    assert started == sorted(started), "the queue's order was not kept"
