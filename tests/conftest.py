@@ -2,18 +2,17 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
 import pytest
+
+from servers import Postgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -68,40 +67,15 @@ def job(tmp_path: Path) -> Job:
     return Job(tmp_path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[str]:
-    """A real PostgreSQL server (Debian's postgresql package; .ci/run installs it) on loopback, in a temporary
-    directory, run as a non-root user (``postgres`` when the tests run as root: it refuses root). Yields the
-    URL of its maintenance database; ``database_url`` makes a fresh database per test."""
-    bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not bins:
-        pytest.skip("PostgreSQL is not installed: apt-get install postgresql (.ci/run does)")
-    bin_dir = bins[-1].parent
-    root = Path(tempfile.mkdtemp(prefix="phalanx-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        account = pwd.getpwnam("postgres")
-        os.chown(root, account.pw_uid, account.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", free_port()
-    subprocess.run(
-        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "phalanx", "--auth=trust", "-E", "UTF8"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    options = f"-h 127.0.0.1 -p {port} -k {root} -c max_connections=200 -c fsync=off"
-    pg_ctl = [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data)]
-    subprocess.run([*pg_ctl, "-l", str(root / "log"), "-o", options, "-w", "start"], check=True, capture_output=True)
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server (Debian's package; .ci/run installs it) on loopback, for the session."""
     try:
-        yield f"postgresql+psycopg://phalanx@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+        server = Postgres()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -109,15 +83,7 @@ def database_url(request, tmp_path: Path) -> str:
     """A new, empty database: a SQLite file, or a database on the tests' PostgreSQL server."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'phalanx.db'}"
-    import sqlalchemy
-
-    server = request.getfixturevalue("postgres")
-    name = f"t{time.time_ns()}"
-    engine = sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT")
-    with engine.connect() as c:
-        c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    engine.dispose()
-    return server.rsplit("/", 1)[0] + "/" + name
+    return request.getfixturevalue("postgres").database()
 
 
 @pytest.fixture(scope="session")

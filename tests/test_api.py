@@ -33,9 +33,9 @@ class World:
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        self.sessions = open_store(f"sqlite:///{tmp / 'phalanx.db'}")
-        self.admin = bootstrap(self.sessions)
-        self.app = create_app(Server(self.sessions, tmp / "jobs", 8, lambda: None))
+        self.store = open_store(f"sqlite:///{tmp / 'phalanx.db'}")
+        self.admin = bootstrap(self.store)
+        self.app = create_app(Server(self.store, tmp / "jobs", 8, lambda: None))
         self.http = TestClient(self.app, raise_server_exceptions=False)
         self.tokens: dict[str, str] = {"admin": self.admin}
         self.token_ids: dict[str, str] = {}
@@ -55,7 +55,7 @@ class World:
         (run / "logs" / "rank-0.log").write_text(f"secret log line of {tenant}\n")
         (run / "events.jsonl").write_text(json.dumps({"ts": 1.0, "kind": "run_started", "who": tenant}) + "\n")
         (run / "metrics.jsonl").write_text(json.dumps({"ts": 2.0, "step": 0, "loss": 1.0, "who": tenant}) + "\n")
-        with self.sessions.begin() as s:
+        with self.store.write() as s:
             row = s.scalar(select(Job).where(Job.id == job["id"]))
             s.add(Execution(job=row.seq, tenant=tenant, attempt=1, gpus=1, started_at=1.0, run_dir=str(run)))
         return job["id"]
@@ -190,7 +190,7 @@ def test_every_request_needs_a_valid_token(world: World) -> None:
         assert world.http.get("/api/v1/whoami").status_code == 401
     finally:
         world.http.headers.pop("Authorization")
-    with world.sessions() as s:  # only hashes are stored
+    with world.store.read() as s:  # only hashes are stored
         assert made["token"].split("_", 2)[2] not in {t.secret_sha256 for t in s.scalars(select(Token))}
         assert s.get(Token, made["id"]).secret_sha256 == auth.digest(made["token"].split("_", 2)[2])
 
@@ -206,7 +206,7 @@ def test_bad_input_gets_a_4xx_with_a_message(world: World) -> None:
         assert bad.status_code == 422, bad.text
         assert {".".join(d["loc"]) for d in bad.json()["detail"]} == {f"body.spec.{f}" for f in fields}, bad.text
     huge = world.http.post("/api/v1/jobs", headers=member, json={"spec": "x" * (MAX_BODY + 1)})
-    assert huge.status_code == 413 and "request body over" in huge.json()["detail"]
+    assert huge.status_code == 413 and huge.text == "Content Too Large"  # FastAPI's own limit, before parsing
     malformed = world.http.post("/api/v1/jobs", headers={**member, "content-type": "application/json"}, content="{")
     assert malformed.status_code == 422
     too_big = world.http.post(
@@ -234,25 +234,24 @@ def test_fuzz_finds_no_500_and_no_leak(tmp_path: Path) -> None:
     w = World(tmp_path)
     schema = schemathesis.openapi.from_asgi("/openapi.json", w.app)
     beta = {"job_id": w.jobs["beta"], "name": "beta", "token_id": w.token_ids["beta-viewer"]}
-    aimed = []
-    for path, method in sorted(_routes(w)):
-        given_params = {k: v for k, v in beta.items() if "{" + k + "}" in path}
-        if given_params:
-            aimed.append(schema[path][method].as_strategy(path_parameters=given_params))
-    cases = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE), *aimed)
     headers = {"Authorization": f"Bearer {w.tokens['alpha-tenant-admin']}"}
-
-    @given(cases)
-    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    def fuzz(case) -> None:
-        case.headers = {**(case.headers or {}), **headers}  # authenticated: what a tenant's token reaches
-        response = case.call()
-        seen.add((case.method, case.operation.path, response.status_code))
-        where = (case.method, case.formatted_path, case.query, case.body)
-        assert response.status_code < 500, (*where, response.text)
-        assert not _leaks(response, w, "beta"), (*where, response.text)
-
     seen: set[tuple[str, str, int]] = set()
-    fuzz()
-    assert {(m, p) for m, p, _ in seen} == _routes(w)  # every operation was exercised
+    for method, path in sorted(_routes(w)):  # each operation in turn: every one is exercised
+        operation = schema[path][method.lower()]
+        strategies = [operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE)]
+        if aimed := {k: v for k, v in beta.items() if "{" + k + "}" in path}:
+            strategies.append(operation.as_strategy(path_parameters=aimed))
+
+        @given(st.one_of(strategies))
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def fuzz(case) -> None:
+            case.headers = {**(case.headers or {}), **headers}  # authenticated: what a tenant's token reaches
+            response = case.call()
+            seen.add((case.method, case.operation.path, response.status_code))
+            where = (case.method, case.formatted_path, case.query, case.body)
+            assert response.status_code < 500, (*where, response.text)
+            assert not _leaks(response, w, "beta"), (*where, response.text)
+
+        fuzz()
+    assert {(m, p) for m, p, _ in seen} == _routes(w)
     assert {code for *_, code in seen} >= {200, 201, 404, 422}

@@ -5,18 +5,18 @@ with no step lost or repeated, and a server killed with SIGKILL while jobs run a
 from __future__ import annotations
 
 import os
-import signal
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from conftest import REPO, alive, free_port
+from conftest import REPO, alive
 from phalanx.client import Client
 from phalanx.obs.events import read_jsonl
+from servers import PhalanxServer
 
 LONG = 400  # steps of a job that must outlast a server restart or a preemption: ~15 s here
 
@@ -30,53 +30,9 @@ def tiny(name: str, steps: int, every: int = 5) -> str:
     )
 
 
-class ServerProcess:
-    """`phalanx server` in a process of its own, with its data directory; killed and started again at will."""
-
-    def __init__(self, tmp: Path, slots: int):
-        self.tmp, self.slots, self.port = tmp, slots, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.token_file = tmp / "admin.token"
-        self.log = tmp / "server.log"
-        self.proc: subprocess.Popen | None = None
-        self.start()
-        self.admin = Client(self.url, self.token_file.read_text().strip())
-
-    def start(self) -> None:
-        argv = [
-            sys.executable, "-m", "phalanx", "server", "--data-dir", str(self.tmp / "data"), "--port",
-            str(self.port), "--slots", str(self.slots), "--admin-token-file", str(self.token_file),
-        ]  # fmt: skip
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(self.url + "/openapi.json", timeout=1).raise_for_status()
-                return
-            except httpx.HTTPError:
-                assert self.proc.poll() is None, self.log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not start in 60 s"
-                time.sleep(0.2)
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-
-    def member(self, tenant: str, quota: int, user: str) -> Client:
-        self.admin.create_tenant(tenant, quota)
-        self.admin.create_user(user, "member", tenant)
-        return Client(self.url, self.admin.create_token("test", user)["token"])
-
-
 @pytest.fixture
 def server(tmp_path: Path):
-    started = ServerProcess(tmp_path, slots=2)
+    started = PhalanxServer(tmp_path, slots=2)
     yield started
     started.stop()
     for job in started.admin.jobs() if started.proc.poll() is None else []:
@@ -102,7 +58,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_job_through_the_cli(server: ServerProcess, tmp_path: Path) -> None:
+def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
     """login, tenants, users, tokens, submit, jobs, status, logs (after the end, and followed), usage, cancel."""
     admin_env = {"PHALANX_CONFIG": str(tmp_path / "admin.json")}
     token = server.token_file.read_text().strip()
@@ -138,7 +94,7 @@ def test_a_job_through_the_cli(server: ServerProcess, tmp_path: Path) -> None:
     assert token not in server.log.read_text() and made.stdout.strip() not in server.log.read_text()  # never logged
 
 
-def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server: ServerProcess) -> None:
+def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server: PhalanxServer) -> None:
     """A higher-priority job arrives while a lower one holds every slot: the lower one is asked to checkpoint
     (SIGTERM: the recipe's emergency save), is requeued once its checkpoint commits, and resumes from it
     after the other ends; its steps run once each, and its losses equal an uninterrupted run's."""
@@ -180,7 +136,7 @@ def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server
     assert [m["loss"] for m in client.metrics(low)] == expected  # bitwise: resumed exactly
 
 
-def test_kill9_the_server_loses_and_duplicates_nothing(server: ServerProcess) -> None:
+def test_kill9_the_server_loses_and_duplicates_nothing(server: PhalanxServer) -> None:
     """SIGKILL the server while one job runs and three wait; start it again: the running job is adopted with
     its progress (the same supervisor, never a second one), the waiting ones are still queued in order, and
     every job runs exactly once to success."""
@@ -203,7 +159,10 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: ServerProcess) ->
     adopted = client.job(running)
     assert adopted["state"] == "RUNNING" and adopted["attempt"] == 1
     assert adopted["steps_done"] >= progress_before
-    assert [j["id"] for j in client.jobs(["PENDING"])] == queued
+    waiting = client.jobs(["PENDING"])
+    assert [j["id"] for j in waiting] == queued
+    for job in waiting:  # why each waits, from the scheduler's round
+        assert re.match(r"(quota|placement|reservation|behind|no room): .+", job["reason"]), job
     for job_id in [running, *queued]:
         wait_for(client, job_id, {"SUCCEEDED"})
     for job_id in [running, *queued]:
@@ -213,3 +172,18 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: ServerProcess) ->
     assert not alive(pid)
     started = [t["at"] for j in queued for t in client.events(j)["transitions"] if t["to_state"] == "RUNNING"]
     assert started == sorted(started), "the queue's order was not kept"
+
+
+def test_cancelling_a_running_job_checkpoints_it_first(server: PhalanxServer) -> None:
+    client = server.member("ops", 2, "dave")
+    job_id = client.submit(tiny("cancelled", LONG, every=1000))["id"]
+    deadline = time.monotonic() + 120
+    while (client.job(job_id)["steps_done"] or 0) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    asked = client.cancel(job_id)
+    assert asked["state"] == "RUNNING" and asked["reason"].startswith("cancelling at the request of dave")
+    done = wait_for(client, job_id, {"CANCELLED"})
+    (saved,) = client.checkpoints(job_id)  # the emergency save, the only one
+    assert saved["problem"] is None and saved["step"] == done["steps_done"]
+    assert [e["kind"] for e in client.events(job_id)["events"]].count("signal_received") == 1  # one SIGTERM

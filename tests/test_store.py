@@ -31,10 +31,10 @@ from phalanx.control.store.access import Forbidden
 SPEC = "name: t\nresources: {procs_per_node: 1, device: cpu}\ncommand: [python, -c, pass]\n"
 
 
-def _world(sessions) -> dict[str, Identity]:
+def _world(store) -> dict[str, Identity]:
     """Tenants a and b, each with a tenant-admin, a member and a viewer, and an admin; their identities."""
     who = {"admin": Identity("admin", None, Role.ADMIN, "-")}
-    with sessions.begin() as s:
+    with store.write() as s:
         s.add(User(name="admin", tenant=None, role=Role.ADMIN, created_at=0.0))
         for tenant in ("a", "b"):
             s.add(Tenant(name=tenant, quota_gpus=4, cohort=None, borrowing_limit=None, created_at=0.0))
@@ -46,28 +46,28 @@ def _world(sessions) -> dict[str, Identity]:
     return who
 
 
-def _submit(sessions, who: Identity, tenant: str | None = None) -> str:
-    with sessions.begin() as s:
+def _submit(store, who: Identity, tenant: str | None = None) -> str:
+    with store.write() as s:
         job = lifecycle.submit(Scope(s, who), Submission(SPEC, 0, tenant, "/"), Path("/jobs"), 8, 1.0)
         return job.id
 
 
 def test_migrations_give_the_models_schema(database_url: str) -> None:
-    sessions = open_store(database_url)
-    with sessions.kw["bind"].connect() as c:
+    store = open_store(database_url)
+    with store.engine.connect() as c:
         assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []
     open_store(database_url)  # migrating again is a no-op
 
 
 def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
-    sessions = open_store(database_url)
-    who = _world(sessions)
-    a_job, b_job = _submit(sessions, who["a-member"]), _submit(sessions, who["b-member"])
-    with sessions.begin() as s:
+    store = open_store(database_url)
+    who = _world(store)
+    a_job, b_job = _submit(store, who["a-member"]), _submit(store, who["b-member"])
+    with store.write() as s:
         for job_id in (a_job, b_job):
             job = s.scalar(select(Job).where(Job.id == job_id))
             s.add(Execution(job=job.seq, tenant=job.tenant, attempt=1, gpus=1, started_at=2.0))
-    with sessions.begin() as s:
+    with store.write() as s:
         for role in ("tenant-admin", "member", "viewer"):
             scope = Scope(s, who[f"a-{role}"])
             assert [j.id for j in scope.jobs()] == [a_job]
@@ -85,22 +85,22 @@ def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
 
 
 def test_roles_decide_who_may_submit_and_cancel(database_url: str) -> None:
-    sessions = open_store(database_url)
-    who = _world(sessions)
+    store = open_store(database_url)
+    who = _world(store)
     with pytest.raises(Forbidden):
-        _submit(sessions, who["a-viewer"])
+        _submit(store, who["a-viewer"])
     with pytest.raises(NotFound):  # another tenant's name is as unknown as a name that does not exist
-        _submit(sessions, who["a-member"], tenant="b")
+        _submit(store, who["a-member"], tenant="b")
     with pytest.raises(lifecycle.Invalid):  # an admin names the tenant
-        _submit(sessions, who["admin"])
-    mine = _submit(sessions, who["a-tenant-admin"])
-    with sessions.begin() as s, pytest.raises(Forbidden):
+        _submit(store, who["admin"])
+    mine = _submit(store, who["a-tenant-admin"])
+    with store.write() as s, pytest.raises(Forbidden):
         scope = Scope(s, who["a-member"])
         lifecycle.cancel(scope, scope.job(mine), 2.0)
-    with sessions.begin() as s:
+    with store.write() as s:
         scope = Scope(s, who["a-tenant-admin"])
         lifecycle.cancel(scope, scope.job(mine), 2.0)
-    with sessions.begin() as s:
+    with store.write() as s:
         job = Scope(s, who["admin"]).job(mine)
         assert job.state == S.CANCELLED
         with pytest.raises(lifecycle.Conflict, match="already ended"):
@@ -113,14 +113,14 @@ def test_roles_decide_who_may_submit_and_cancel(database_url: str) -> None:
 
 
 def test_tokens_are_kept_as_hashes_and_expire_and_revoke(database_url: str) -> None:
-    sessions = open_store(database_url)
-    _world(sessions)
-    with sessions.begin() as s:
+    store = open_store(database_url)
+    _world(store)
+    with store.write() as s:
         user = s.get(User, "a-member")
         row, token = auth.issue(s, user, "ci", now=100.0, expires_at=200.0)
         token_id = row.id
     secret = token.split("_", 2)[2]
-    with sessions.begin() as s:
+    with store.write() as s:
         stored = s.get(auth.Token, token_id)
         assert secret not in (stored.secret_sha256, stored.id, stored.name)
         assert auth.authenticate(s, f"Bearer {token}", now=150.0) == Identity("a-member", "a", Role.MEMBER, token_id)
@@ -134,21 +134,21 @@ def test_tokens_are_kept_as_hashes_and_expire_and_revoke(database_url: str) -> N
             with pytest.raises(auth.Unauthenticated):
                 auth.authenticate(s, header, now)
         stored.revoked_at = 160.0
-    with sessions.begin() as s, pytest.raises(auth.Unauthenticated):
+    with store.write() as s, pytest.raises(auth.Unauthenticated):
         auth.authenticate(s, f"Bearer {token}", now=170.0)
 
 
 def test_concurrent_submits_lose_nothing(database_url: str) -> None:
     """Eight writers at once: every job stored once, in a total order, each with its first transition."""
-    sessions = open_store(database_url)
-    who = _world(sessions)
+    store = open_store(database_url)
+    who = _world(store)
     submitted: list[str] = []
     errors: list[BaseException] = []
 
     def writer(n: int) -> None:
         try:
             for _ in range(15):
-                submitted.append(_submit(sessions, who["a-member" if n % 2 else "b-member"]))
+                submitted.append(_submit(store, who["a-member" if n % 2 else "b-member"]))
         except BaseException as e:
             errors.append(e)
 
@@ -158,7 +158,7 @@ def test_concurrent_submits_lose_nothing(database_url: str) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    with sessions.begin() as s:
+    with store.write() as s:
         jobs = s.scalars(select(Job)).all()
         assert sorted(j.id for j in jobs) == sorted(submitted) and len(set(submitted)) == 120
         assert len({j.seq for j in jobs}) == 120

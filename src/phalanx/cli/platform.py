@@ -4,6 +4,7 @@ status, logs, cancel, quota, usage, tokens, tenants, users). They all go through
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import sys
 import time
@@ -62,14 +63,18 @@ def _since(text: str) -> float:
 def register(app: typer.Typer) -> None:
     @app.command()
     def server(
-        data_dir: Path = typer.Option(Path("phalanx-server"), "--data-dir", help="the database and jobs' files"),
+        data_dir: Path = typer.Option(
+            Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "phalanx",
+            "--data-dir",
+            help="the database (SQLite) and the jobs' files",
+        ),
         database: str | None = typer.Option(
             None, "--db", help="a database URL (postgresql+psycopg://USER@HOST/DB); default: SQLite in --data-dir"
         ),
         host: str = typer.Option("127.0.0.1"),
         port: int = typer.Option(8470, min=1, max=65535),
         slots: int | None = typer.Option(
-            None, min=1, help="CPU slots the local executor offers (default: this machine's GPUs)"
+            None, min=1, help="CPU slots the local executor offers (default: this machine's GPUs, else its cores)"
         ),
         admin_token_file: Path | None = typer.Option(
             None, "--admin-token-file", help="on a new database, write the admin's token here instead of printing it"

@@ -11,6 +11,11 @@ from pydantic import BaseModel, ValidationError
 
 from phalanx.spec.model import JobSpec
 
+# libyaml's parser and emitter where PyYAML was built with it (the wheels are): the same safe subset, 10x faster,
+# which the server feels on every submission.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 
 @dataclass(frozen=True)
 class SpecIssue:
@@ -42,7 +47,7 @@ def load_spec(path: str | Path) -> JobSpec:
 
 def parse_spec(text: str, source: str = "<string>") -> JobSpec:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise SpecError(source, [SpecIssue("", f"not valid YAML: {e}")]) from e
     if not isinstance(data, dict):
@@ -59,7 +64,7 @@ def validate_spec(data: dict[str, Any], source: str = "<dict>") -> JobSpec:
 
 def dump_spec(spec: JobSpec) -> str:
     """The resolved spec as YAML, defaults filled in, keys as a user writes them."""
-    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    return yaml.dump(spec.model_dump(mode="json", by_alias=True, exclude_none=True), Dumper=_Dumper, sort_keys=False)
 
 
 def _issues(err: dict[str, Any]) -> list[SpecIssue]:

@@ -33,18 +33,17 @@ class LocalExecutor:
     name = "local"
 
     def __init__(self, root: str | Path, slots: int | None = None):
-        """``slots``: CPU slots to offer (a job takes procs_per_node x nodes of them); None: this machine's
-        GPUs, each job seeing only its own through CUDA_VISIBLE_DEVICES."""
-        self.root = Path(root).absolute()
-        self.gpus = slots is None
-        if slots is None:
-            import torch
+        """``slots``: CPU slots to offer (a job takes procs_per_node x nodes of them). None: this machine's
+        GPUs, each job seeing only its own through CUDA_VISIBLE_DEVICES; on a machine with none, a slot per
+        CPU core."""
+        import torch
 
-            slots = torch.cuda.device_count()
+        self.root = Path(root).absolute()
+        self.gpus = slots is None and torch.cuda.device_count() > 0
+        if slots is None:
+            slots = torch.cuda.device_count() or os.cpu_count() or 1
         if slots < 1:
-            raise ValueError(
-                "the local executor has nothing to offer: this machine has no GPU; give it CPU slots (--slots N)"
-            )
+            raise ValueError(f"the local executor needs at least one slot; got {slots}")
         self.slots = slots
         self._devices: dict[str, list[int]] = {}  # execution dir -> GPU indices it holds
         self._children: dict[int, subprocess.Popen] = {}  # started by this server: reaped here

@@ -78,7 +78,11 @@ class Phalanx:
                 work.wait(job, "reservation", f"would delay {holder.id}, reserved at t={reserved_at:.0f}", holder.id)
         self._borrow(work, long_view, reserved_at)
         self._preempt(work, blocked)
-        work.round.otherwise = f"behind {len(work.round.admit)} admitted and {len(work.round.waits)} waiting jobs"
+        work.round.otherwise = (
+            f"no room: {work.cluster.free_gpus} of {work.cluster.total_gpus} GPUs free"
+            if work.nothing_fits()
+            else "not reached this round: the jobs ahead of it in the queue took what was free"
+        )
         return work.round
 
     def _try(self, work: Work, job: Job, view: Cluster) -> bool:

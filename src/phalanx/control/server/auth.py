@@ -9,12 +9,18 @@ import hmac
 import re
 import secrets
 
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from phalanx.control.store import Identity, Role, Token, User
 
 _FORMAT = re.compile(r"phx_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _DUMMY = hashlib.sha256(b"no such token").hexdigest()
+_LOOKUP = (
+    select(Token.secret_sha256, Token.revoked_at, Token.expires_at, User.name, User.tenant, User.role)
+    .join(User, User.name == Token.user)
+    .where(Token.id == bindparam("id"))
+)
 
 
 class Unauthenticated(Exception):
@@ -46,11 +52,9 @@ def authenticate(session: Session, authorization: str | None, now: float) -> Ide
     wrong, so that a caller learns nothing about which tokens exist."""
     scheme, _, token = (authorization or "").partition(" ")
     match = _FORMAT.fullmatch(token.strip()) if scheme.lower() == "bearer" else None
-    row = session.get(Token, match.group(1)) if match else None
+    row = session.execute(_LOOKUP, {"id": match.group(1)}).first() if match else None  # one query, every request
     expected = row.secret_sha256 if row is not None else _DUMMY
     valid = hmac.compare_digest(digest(match.group(2) if match else ""), expected)
     if not valid or row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
         raise Unauthenticated("missing, invalid, expired or revoked token; send Authorization: Bearer phx_...")
-    user = session.get(User, row.user)
-    assert user is not None  # a token's user is a foreign key
-    return Identity(user.name, user.tenant, Role(user.role), row.id)
+    return Identity(row.name, row.tenant, Role(row.role), match.group(1))

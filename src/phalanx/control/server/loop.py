@@ -13,14 +13,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.orm import Session
 
 from phalanx.checkpoint import CheckpointDir
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, Launch, Phase, Status
-from phalanx.control.server.lifecycle import S, move
-from phalanx.control.store import Execution, Job, Tenant
+from phalanx.control.server.lifecycle import ACTIVE, S, move
+from phalanx.control.store import Execution, Job, Store, Tenant
 from phalanx.obs.events import read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
@@ -28,19 +28,25 @@ from phalanx.spec import parse_spec
 
 log = logging.getLogger("phalanx.server")
 MAX_LOST = 3  # executions lost (their process gone without a result) before the job is failed
+MIN_ROUND_GAP_S = 0.2  # a burst of submissions makes one round, not one each
+# What a round reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
+_QUEUED = (
+    Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
+    Job.preemptions, Job.preempted_by, Job.reason,
+)  # fmt: skip
 
 
 class Controller:
     def __init__(
         self,
-        sessions: sessionmaker[Session],
+        store: Store,
         executor: Executor,
         policy: core.Policy | None = None,
         tick_s: float = 0.5,
         half_life_s: float = 6 * 3600,
         clock: Callable[[], float] = time.time,
     ):
-        self.sessions, self.executor = sessions, executor
+        self.store, self.executor = store, executor
         self.policy = policy or core.Phalanx()
         self.tick_s, self.half_life_s, self.clock = tick_s, half_life_s, clock
         self.wake = threading.Event()
@@ -51,7 +57,7 @@ class Controller:
     # --- lifetime
     def start(self) -> None:
         """Adopt what runs from before (a restarted server), then loop in a thread."""
-        with self.sessions.begin() as s:
+        with self.store.read() as s:
             for job in s.scalars(select(Job).where(Job.state == S.RUNNING)):
                 self.executor.adopt(job.handle)
         self._thread = threading.Thread(target=self._loop, name="phalanx-scheduler", daemon=True)
@@ -65,19 +71,23 @@ class Controller:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            began = time.monotonic()
             self.wake.clear()
             try:
                 self.tick()
             except Exception:  # one bad round must not stop scheduling; the next one retries
                 log.exception("scheduling round failed")
+            took = time.monotonic() - began
             self.wake.wait(self.tick_s)
+            # A burst of submissions makes one round, not one each; and rounds over a long queue take at most a
+            # quarter of the process's time, the rest is the API's.
+            self._stopping.wait(max(0.0, began + max(MIN_ROUND_GAP_S, 4 * took) - time.monotonic()))
 
     def tick(self) -> None:
         now = self.clock()
-        with self.sessions.begin() as s:
+        with self.store.write() as s:
             self._reconcile(s, now)
-        with self.sessions.begin() as s:
-            self._schedule(s, now)
+        self._schedule(now)
         self._start_admitted()
         self._deliver_stops()
 
@@ -124,13 +134,54 @@ class Controller:
         job.evicting_for, job.queued_at = None, now
 
     # --- 2: one scheduling round
-    def _schedule(self, s: Session, now: float) -> None:
+    def _schedule(self, now: float) -> None:
+        """Decide on a snapshot, outside the write lock (a round over a long queue takes a while and submissions
+        go on meanwhile), then apply what still holds: only this loop admits and preempts, so the capacity
+        it counted can only have grown; a job cancelled since the snapshot is left alone."""
+        with self.store.read() as s:
+            active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
+            pending = s.execute(select(*_QUEUED).where(Job.state == S.PENDING).order_by(Job.seq)).all()
+            state = self._state(s, active, pending, now)
+        decided = self.policy.schedule(state, now)
+        admitted = {a.job for a in decided.admit}
+        reasons = {}
+        for job in pending:
+            if job.id not in admitted:
+                why = decided.why(job.id)
+                text = f"{why.kind}: {why.reason}"  # stable across rounds: rewritten only when it changes
+                if why.estimated_start is not None:
+                    text += f" (estimated start in {max(0.0, why.estimated_start - now):.0f} s)"
+                if job.reason != text:
+                    reasons[job.seq] = text
+        if not (decided.admit or decided.preempt or reasons):
+            return
+        with self.store.write() as s:
+            for admit in decided.admit:
+                job = s.scalar(select(Job).where(Job.id == admit.job, Job.state == S.PENDING))
+                if job is not None:
+                    job.placement, job.attempt = admit.placement, job.attempt + 1
+                    where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
+                    cause = f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else "")
+                    move(s, job, S.ADMITTED, cause, now)
+            for preempt in decided.preempt:
+                victim = s.scalar(select(Job).where(Job.id == preempt.job, Job.state == S.RUNNING))
+                if victim is not None and victim.evicting_for is None:
+                    victim.evicting_for = preempt.for_job
+                    victim.reason = f"preempted for {preempt.for_job}: {preempt.reason}"
+            if reasons:  # one statement for many rows (executemany), by primary key
+                jobs = Job.__table__
+                s.connection().execute(
+                    update(jobs).where(jobs.c.seq == bindparam("key"), jobs.c.state == S.PENDING),
+                    [{"key": seq, "reason": text} for seq, text in reasons.items()],
+                )
+
+    def _state(self, s: Session, active, pending, now: float) -> core.State:
+        """The scheduler's view of the store: the cluster, the tenants, the running jobs where they run, the
+        queue, fair-share usage, and the jobs that take the room made for them first."""
         cluster = core.Cluster(self.executor.capacity())
         tenants = [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in s.scalars(select(Tenant))]
         state = core.State(cluster, tenants, core.Queue(self.policy.key), self.half_life_s)
         predictor = self._predictor(s)
-        active = s.scalars(select(Job).where(Job.state.in_((S.ADMITTED, S.RUNNING))).order_by(Job.seq)).all()
-        pending = s.scalars(select(Job).where(Job.state == S.PENDING).order_by(Job.seq)).all()
         for job in active:
             state.submit(_core_job(job, predictor))
             started = _execution(s, job).started_at if job.state == S.RUNNING else now
@@ -141,26 +192,7 @@ class Controller:
         for job in pending:
             state.submit(_core_job(job, predictor))
         state.first.update(dict.fromkeys(_room_made(active, pending)))
-        decided = self.policy.schedule(state, now)
-        by_id = {job.id: job for job in (*active, *pending)}
-        for admit in decided.admit:
-            job = by_id[admit.job]
-            job.placement, job.attempt = admit.placement, job.attempt + 1
-            where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
-            move(s, job, S.ADMITTED, f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else ""), now)
-        for preempt in decided.preempt:
-            victim = by_id[preempt.job]
-            victim.evicting_for = preempt.for_job
-            victim.reason = f"preempted for {preempt.for_job}: {preempt.reason}"
-        admitted = {a.job for a in decided.admit}
-        for job in pending:
-            if job.id not in admitted:
-                why = decided.why(job.id)
-                text = f"{why.kind}: {why.reason}"
-                if why.estimated_start is not None:
-                    text += f" (estimated start in {max(0.0, why.estimated_start - now):.0f} s)"
-                if job.reason != text:
-                    job.reason = text
+        return state
 
     def _predictor(self, s: Session) -> core.DurationPredictor:
         """Durations of each tenant's finished jobs, from their executions (oldest first)."""
@@ -193,10 +225,10 @@ class Controller:
 
     # --- 3: acting on the executor
     def _start_admitted(self) -> None:
-        with self.sessions() as s:
+        with self.store.read() as s:
             ids = s.scalars(select(Job.id).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
         for job_id in ids:
-            with self.sessions.begin() as s:
+            with self.store.write() as s:
                 job = s.scalar(select(Job).where(Job.id == job_id, Job.state == S.ADMITTED))
                 if job is None:
                     continue
@@ -214,7 +246,7 @@ class Controller:
     def _deliver_stops(self) -> None:
         """SIGTERM (checkpoint, then stop) to each running job asked to make room or to be cancelled, once:
         a second SIGTERM would make its supervisor kill the workers before the checkpoint commits."""
-        with self.sessions() as s:
+        with self.store.read() as s:
             stopping = s.scalars(
                 select(Job).where(
                     Job.state == S.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)

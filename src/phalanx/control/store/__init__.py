@@ -2,7 +2,7 @@
 every read and write of a tenant's rows goes through."""
 
 from phalanx.control.store.access import Forbidden, Identity, NotFound, Role, Scope
-from phalanx.control.store.database import StoreError, connect, migrate, open_store
+from phalanx.control.store.database import Store, StoreError, connect, migrate, open_store
 from phalanx.control.store.schema import Base, Execution, Job, Tenant, Token, Transition, User
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "NotFound",
     "Role",
     "Scope",
+    "Store",
     "StoreError",
     "Tenant",
     "Token",

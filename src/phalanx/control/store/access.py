@@ -57,8 +57,8 @@ class Scope:
         return self.session.scalars(self._mine(select(Tenant), Tenant.name).order_by(Tenant.name)).all()
 
     def tenant(self, name: str) -> Tenant:
-        found = self.session.scalar(self._mine(select(Tenant).where(Tenant.name == name), Tenant.name))
-        if found is None:
+        found = self.session.get(Tenant, name)  # by primary key: the identity map, then one query
+        if found is None or not (self.who.is_admin or found.name == self.who.tenant):
             raise NotFound("tenant", name)
         return found
 

@@ -4,6 +4,9 @@ taken by URL (postgresql+psycopg://...)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -28,11 +31,13 @@ def connect(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            parsed, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20, max_overflow=60
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    if parsed.get_backend_name() == "postgresql":
-        return create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    if parsed.get_backend_name() == "postgresql":  # as many connections as the API has threads, and the loop
+        return create_engine(parsed, pool_size=20, max_overflow=30, pool_recycle=3600)
     raise StoreError(f"database URL {url!r}: only sqlite:// and postgresql:// databases are supported")
 
 
@@ -54,12 +59,34 @@ def migrate(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
-def open_store(url: str) -> sessionmaker[Session]:
-    """A session factory over a migrated database."""
+class Store:
+    """Sessions over a migrated database: ``read()`` for a look, ``write()`` for a transaction that changes
+    something. SQLite has one writer at a time, and makes another wait by sleeping and retrying (up to 100 ms a
+    try), so this process's writers take turns on a lock instead and none of them sleeps; PostgreSQL locks
+    rows, and its writers go ahead together."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.sessions = sessionmaker(engine, expire_on_commit=False)
+        self._writer = threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        with self.sessions() as session:
+            yield session
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction, committed when the block ends, rolled back if it raises."""
+        with self._writer, self.sessions.begin() as session:
+            yield session
+
+
+def open_store(url: str) -> Store:
     engine = connect(url)
     try:
         migrate(engine)
     except Exception as e:
         engine.dispose()
         raise StoreError(f"cannot open the database {engine.url.render_as_string(hide_password=True)}: {e}") from e
-    return sessionmaker(engine, expire_on_commit=False)
+    return Store(engine)
