@@ -37,8 +37,12 @@ bench: $(STAMP) $(BENCH)/.installed
 # pairs with torch 2.14.1 (a CUDA build, several GB), so it stays out of .venv. torchft 0.2.0 needs a newer torch
 # than .venv's too. torchtitan is 0.2.2, the release the lent GPU machine's torch 2.11 runs (bench/gpu.sh), so
 # that both places run the same peer. phalanx goes in without its dependencies (it pins torch < 2.14).
+# bench/control_plane.py drives the server with wrk and starts a PostgreSQL: both from Debian's packages.
 bench-env: $(BENCH)/.installed
 $(BENCH)/.installed:
+	command -v wrk >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		{ SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); $$SUDO apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq wrk postgresql >/dev/null; }
 	python3 -m venv $(BENCH)
 	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0 torchtitan==0.2.2 torchft==0.2.0
