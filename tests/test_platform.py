@@ -41,11 +41,12 @@ def server(tmp_path: Path):
             os.kill(pid, signal.SIGTERM)
 
 
-def wait_for(client: Client, job_id: str, states: set[str], timeout: float = 180) -> dict:
+def wait_for(client: Client, job_id: str, states: set[str] = frozenset(), steps: int = 0, timeout: float = 180) -> dict:
+    """Poll the job until it is in one of ``states`` (any, if none given) and has done ``steps`` steps."""
     deadline = time.monotonic() + timeout
-    while (job := client.job(job_id))["state"] not in states:
-        assert time.monotonic() < deadline, f"{job_id} still {job['state']} ({job['reason']}) after {timeout} s"
-        time.sleep(0.2)
+    while (job := client.job(job_id))["state"] not in (states or {job["state"]}) or (job["steps_done"] or 0) < steps:
+        assert time.monotonic() < deadline, f"{job_id}: {job['state']} ({job['reason']}) after {timeout} s"
+        time.sleep(0.1)
     return job
 
 
@@ -103,10 +104,7 @@ def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server
     client = server.member("research", 2, "bob")
     # Long enough (~15 s) to be running when the other arrives; no periodic save: the preemption's is the one.
     low = client.submit(tiny("low", LONG, every=1000))["id"]
-    deadline = time.monotonic() + 120
-    while (client.job(low)["steps_done"] or 0) < 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(client, low, steps=5, timeout=120)
     high = client.submit(tiny("high", 6), priority=10)["id"]
     wait_for(client, high, {"SUCCEEDED"})
     wait_for(client, low, {"SUCCEEDED"})
@@ -146,10 +144,7 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: PhalanxServer) ->
     running = client.submit(tiny("first", LONG, every=50))["id"]  # still running when the server is back
     wait_for(client, running, {"RUNNING"})
     queued = [client.submit(tiny(f"next{i}", 4))["id"] for i in range(3)]
-    deadline = time.monotonic() + 120
-    while (client.job(running)["steps_done"] or 0) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(client, running, steps=3, timeout=120)
     pid = int((server.tmp / "data" / "jobs" / running / "attempt-1" / "pid").read_text())
     server.kill9()
     assert alive(pid), "the job died with the server"
@@ -179,10 +174,7 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: PhalanxServer) ->
 def test_cancelling_a_running_job_checkpoints_it_first(server: PhalanxServer) -> None:
     client = server.member("ops", 2, "dave")
     job_id = client.submit(tiny("cancelled", LONG, every=1000))["id"]
-    deadline = time.monotonic() + 120
-    while (client.job(job_id)["steps_done"] or 0) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(client, job_id, steps=3, timeout=120)
     asked = client.cancel(job_id)
     assert asked["state"] == "RUNNING" and asked["reason"].startswith("cancelling at the request of dave")
     done = wait_for(client, job_id, {"CANCELLED"})

@@ -29,9 +29,10 @@ def _command_issue(head: str, cwd: str | None) -> SpecIssue | None:
     if head in ("python", "python3"):
         return None  # this interpreter (launch/node.py)
     if os.sep in head:
-        if not os.path.isfile(os.path.join(cwd or "", head)):
+        path = os.path.join(cwd or "", head)
+        if not os.path.isfile(path):
             return SpecIssue("command", f"{head!r}: no such file")
-        if not os.access(os.path.join(cwd or "", head), os.X_OK):
+        if not os.access(path, os.X_OK):
             return SpecIssue("command", f"{head!r} is not executable (chmod +x, or run it with python)")
         return None
     if shutil.which(head) is None:

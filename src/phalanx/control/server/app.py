@@ -254,11 +254,12 @@ def create_app(server: Server) -> FastAPI:
     @app.get("/api/v1/quota", tags=["tenants"])
     async def quota(token: Token) -> list[Quota]:
         with server.scope(token) as caller:
+            tenants = caller.tenants()
             counts: dict[tuple[str, str], tuple[int, int]] = {
                 (tenant, state): (n, gpus or 0)
                 for tenant, state, n, gpus in caller.session.execute(
                     select(Job.tenant, Job.state, func.count(), func.sum(Job.gpus))
-                    .where(Job.tenant.in_([t.name for t in caller.tenants()]))
+                    .where(Job.tenant.in_([t.name for t in tenants]))
                     .where(Job.state.in_((*ACTIVE, S.PENDING)))
                     .group_by(Job.tenant, Job.state)
                 )
@@ -273,7 +274,7 @@ def create_app(server: Server) -> FastAPI:
                     jobs_running=sum(counts.get((t.name, s), (0, 0))[0] for s in ACTIVE),
                     jobs_pending=counts.get((t.name, S.PENDING), (0, 0))[0],
                 )
-                for t in caller.tenants()
+                for t in tenants
             ]
 
     @app.get("/api/v1/usage", tags=["tenants"])
