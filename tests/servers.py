@@ -4,6 +4,7 @@ own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -66,10 +67,11 @@ class Postgres:
 class PhalanxServer:
     """`phalanx server` in a process of its own, with its data directory; killed and started again at will."""
 
-    def __init__(self, tmp: Path, slots: int, database: str | None = None):
+    def __init__(self, tmp: Path, slots: int | None, database: str | None = None, args: tuple[str, ...] = ()):
         from phalanx.client import Client
 
         self.tmp, self.slots, self.database, self.port = tmp, slots, database, free_port()
+        self.args = args  # more options of `phalanx server`
         self.url = f"http://127.0.0.1:{self.port}"
         self.token_file = tmp / "admin.token"
         self.log = tmp / "server.log"
@@ -80,8 +82,10 @@ class PhalanxServer:
     def start(self) -> None:
         argv = [
             sys.executable, "-m", "phalanx", "server", "--data-dir", str(self.tmp / "data"), "--port",
-            str(self.port), "--slots", str(self.slots), "--admin-token-file", str(self.token_file),
+            str(self.port), "--admin-token-file", str(self.token_file), *self.args,
         ]  # fmt: skip
+        if self.slots is not None:
+            argv += ["--slots", str(self.slots)]
         if self.database:
             argv += ["--db", self.database]
         with open(self.log, "a") as log:
@@ -112,3 +116,98 @@ class PhalanxServer:
         self.admin.create_tenant(tenant, quota)
         self.admin.create_user(user, "member", tenant)
         return Client(self.url, self.admin.create_token("test", user)["token"])
+
+
+class SlurmCluster:
+    """A real Slurm cluster on this machine (Debian's slurm-wlm and munge), in a temporary directory: munged,
+    slurmctld, and one slurmd per node (`slurmd -N NAME`), node i at 127.0.0.(i + 2) on a port of its own, so
+    that each node has its own address as on a real cluster. Its commands find it through SLURM_CONF, which
+    ``env`` holds."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        for daemon in ("munged", "slurmctld", "slurmd", "sbatch"):
+            if shutil.which(daemon) is None:
+                raise FileNotFoundError(f"{daemon} is not installed: apt-get install slurm-wlm munge (.ci/run does)")
+        self.root = Path(tempfile.mkdtemp(prefix="phalanx-slurm-"))
+        self.nodes = [f"n{i}" for i in range(nodes)]
+        self.addrs = {name: f"127.0.0.{i + 2}" for i, name in enumerate(self.nodes)}
+        key = self.root / "munge.key"
+        if Path("/etc/munge/munge.key").is_file():  # the package's key; any key will do, the cluster is ours alone
+            shutil.copyfile("/etc/munge/munge.key", key)
+        else:
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        munge = self.root / "munge.socket"
+        subprocess.run(
+            ["munged", "--force", "-S", str(munge), "--key-file", str(key), "--pid-file", str(self.root / "munged.pid"),
+             "--log-file", str(self.root / "munged.log"), "--seed-file", str(self.root / "munged.seed")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        user = pwd.getpwuid(os.getuid()).pw_name
+        host = socket.gethostname()
+        conf = [
+            "ClusterName=phalanx-test",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmUser={user}",
+            f"SlurmdUser={user}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={munge}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={self.root / 'state'}",
+            f"SlurmdSpoolDir={self.root / 'spool' / '%n'}",
+            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
+            f"SlurmdPidFile={self.root / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={self.root / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.root / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "SlurmdTimeout=30",
+            "KillWait=15",
+            "MinJobAge=600",
+            "JobCompType=jobcomp/filetxt",  # what sacct --completion reads on a cluster without slurmdbd
+            f"JobCompLoc={self.root / 'jobcomp.txt'}",
+            *(
+                f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={free_port()} CPUs={os.cpu_count()} "
+                "State=UNKNOWN"
+                for name, addr in self.addrs.items()
+            ),
+            f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=FORCE",
+        ]
+        self.conf = self.root / "slurm.conf"
+        self.conf.write_text("\n".join(conf) + "\n")
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        (self.root / "spool").mkdir()
+        try:
+            subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, capture_output=True, env=self.env)
+            for name in self.nodes:
+                argv = ["slurmd", "-f", str(self.conf), "-N", name]
+                subprocess.run(argv, check=True, capture_output=True, env=self.env)
+            deadline = time.monotonic() + 60
+            while self.states() != {name: "idle" for name in self.nodes}:
+                assert time.monotonic() < deadline, f"the nodes did not come up: {self.states()}; logs in {self.root}"
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(list(args), check=True, capture_output=True, text=True, env=self.env).stdout
+
+    def states(self) -> dict[str, str]:
+        done = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T"], capture_output=True, text=True, env=self.env)
+        return dict(line.split() for line in done.stdout.splitlines()) if done.returncode == 0 else {}
+
+    def node_at(self, addr: str) -> str:
+        return next(name for name, a in self.addrs.items() if a == addr)
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], env=self.env)
+        for pid_file in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid", self.root / "munged.pid"]:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from phalanx.cli import platform
+from phalanx.cli import clusters, platform
 from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -325,6 +325,7 @@ def sim(
 
 
 platform.register(app)
+clusters.register(app)
 
 
 def main() -> None:

@@ -79,18 +79,27 @@ def register(app: typer.Typer) -> None:
         admin_token_file: Path | None = typer.Option(
             None, "--admin-token-file", help="on a new database, write the admin's token here instead of printing it"
         ),
+        executor: str = typer.Option(
+            "local", help="where jobs run: local (this machine) or slurm (sbatch; docs/clusters.md)"
+        ),
+        slurm_partition: str | None = typer.Option(
+            None, help="the slurm executor's partition: its nodes are the capacity, and jobs go there"
+        ),
     ) -> None:
-        """Serve the control plane: the REST API, the scheduler, and the local executor (docs/platform.md)."""
+        """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
         import logging
 
+        from phalanx.control.executors.slurm import SlurmError
         from phalanx.control.server.main import Settings, serve
         from phalanx.control.store import StoreError
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        settings = Settings(data_dir, database, host, port, slots, admin_token_file)
+        settings = Settings(
+            data_dir, database, host, port, slots, admin_token_file, executor=executor, slurm_partition=slurm_partition
+        )
         try:
             serve(settings)
-        except (StoreError, ValueError) as e:
+        except (StoreError, ValueError, SlurmError) as e:
             err.print(f"[bold red]cannot serve[/]: {e}", highlight=False)
             raise typer.Exit(2) from None
 

@@ -1,5 +1,9 @@
 """One attempt's plan, and what it means for the workers of one node: their ranks and torchrun environment.
 
+Every backend (`phalanx run`, `--local-nodes`, Slurm, Kubernetes) starts its workers here, so every worker
+sees the same environment, ``CONTRACT`` at least; tests/test_clusters.py checks it on each backend that runs
+here.
+
 Ranks are node-major: the node at group rank g runs global ranks g x procs ... g x procs + procs - 1, so that
 the innermost mesh dimension (FSDP's shard group, TP) stays within a node and replication spans nodes.
 """
@@ -14,6 +18,22 @@ from typing import Any
 from phalanx.launch.workers import Worker
 from phalanx.obs.rundir import RunDir
 from phalanx.spec import JobSpec
+
+# What a worker can count on, whatever started it: its rank, the world size, its node, how many times the job
+# restarted, its run directory and where its checkpoints go (docs/clusters.md).
+CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "PHALANX_NODE_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "PHALANX_RUN_DIR",
+    "PHALANX_CHECKPOINT_DIR",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +108,7 @@ def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[
         "PHALANX_ATTEMPT": str(plan.attempt),
         "PHALANX_DEVICE": plan.device,
         "PHALANX_NODE_RANK": str(node),
+        "PHALANX_CHECKPOINT_DIR": run_dir.checkpoint_location(spec.checkpoint.dir),
     }
     workers = []
     for local_rank, rank in enumerate(plan.ranks(node)):

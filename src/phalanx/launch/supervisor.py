@@ -129,6 +129,7 @@ class Supervisor:
         self.restarts = 0
         self.events = EventLog(self.run_dir.events)
         self._signals: list[int] = []
+        self._relayed = 0  # of _signals, those an agent handed over (not sent to this process)
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
         self.rendezvous = rendezvous
@@ -301,6 +302,7 @@ class Supervisor:
             if not self._signals and self.multi_node and (sig := self.fleet.signalled()) is not None:
                 self.say(f"{signal.Signals(sig).name} reached an agent: stopping the job on every node")
                 self._signals.append(sig)
+                self._relayed = 1
             if self._signals:
                 return self._stop_on_signal(run), None
             ended, how = run.poll()
@@ -458,7 +460,9 @@ class Supervisor:
             f"{self.spec.resilience.stop_grace_s:g} s before SIGKILL (send it again to kill now)"
         )
         self.events.emit("signal_received", signal=name)
-        run.stop(sig, self.spec.resilience.stop_grace_s, abort=lambda: len(self._signals) > 1)
+        # A second signal sent here kills at once. On Slurm every agent is sent the same SIGTERM: the one an
+        # agent handed over first, then this process's own, is still one.
+        run.stop(sig, self.spec.resilience.stop_grace_s, abort=lambda: len(self._signals) - self._relayed > 1)
         self.say(f"stopped by {name}")
         return RunResult(Outcome.STOPPED, 128 + sig, f"stopped by {name}", str(self.run_dir.root))
 

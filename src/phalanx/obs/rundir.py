@@ -63,6 +63,10 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def checkpoint_location(self, configured: str | None) -> str:
+        """Where the job's checkpoints go: ``checkpoint.dir`` (a path or a URL), else this run's checkpoints/."""
+        return configured or str(self.checkpoints)
+
     def log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
 

@@ -215,6 +215,65 @@ class Resilience(Strict):
     )
 
 
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
+# Slurm's own forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+SlurmTime = Annotated[str, Field(pattern=r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")]
+
+
+class Slurm(Strict):
+    """How `phalanx slurm submit` (and a server with `--executor slurm`) asks Slurm for the job's nodes
+    (docs/clusters.md)."""
+
+    partition: SlurmName | None = Field(default=None, description="sbatch --partition; default: the cluster's")
+    account: SlurmName | None = Field(default=None, description="sbatch --account")
+    qos: SlurmName | None = Field(default=None, description="sbatch --qos")
+    constraint: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.&|!*()\[\]:,-]{1,256}$")] | None = Field(
+        default=None, description="sbatch --constraint: node features, e.g. h100&ib"
+    )
+    time_limit: SlurmTime | None = Field(
+        default=None,
+        description="sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS; at the limit Slurm sends SIGTERM, and the "
+        "job checkpoints and stops",
+    )
+    gpus_per_node: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="GPUs asked per node (gres gpu); default: procs_per_node on cuda, else 0"
+    )
+    requeue: bool = Field(
+        default=True, description="Slurm requeues the job when node 0 fails or it is preempted; it resumes"
+    )
+
+
+K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
+
+
+class Kubernetes(Strict):
+    """How `phalanx k8s render|submit` makes the job a JobSet: one pod per node, one agent per pod
+    (docs/clusters.md)."""
+
+    namespace: K8sName = Field(default="default", description="where the JobSet and its ConfigMap go")
+    image: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None, description="the container image, with phalanx, torch and the job's code; needed to render"
+    )
+    queue: K8sName | None = Field(
+        default=None, description="a Kueue LocalQueue: the JobSet gets the kueue.x-k8s.io/queue-name label"
+    )
+    runs_claim: K8sName | None = Field(
+        default=None,
+        description="a ReadWriteMany PersistentVolumeClaim mounted at runs_path in every pod (the shared filesystem "
+        "of run directories and checkpoints); null: an emptyDir, for one-node jobs",
+    )
+    runs_path: Annotated[str, Field(pattern=r"^/")] = Field(
+        default="/phalanx/runs", description="where the run directories are, in every pod"
+    )
+    gpu_resource: str = Field(default="nvidia.com/gpu", description="the extended resource that counts GPUs")
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod, e.g. '16' or '500m'")
+    memory: Quantity | None = Field(default=None, description="memory request and limit per pod, e.g. '200Gi'")
+    priority_class: K8sName | None = Field(default=None, description="the pods' priorityClassName")
+    service_account: K8sName | None = Field(default=None, description="the pods' serviceAccountName")
+    node_selector: dict[str, str] = Field(default={}, description="the pods' nodeSelector")
+
+
 class JobSpec(Strict):
     """A job: either the built-in recipe (``train:``) or any script under supervision (``command:``)."""
 
@@ -228,6 +287,8 @@ class JobSpec(Strict):
     data: Data | None = None
     checkpoint: Checkpoint = Checkpoint()
     resilience: Resilience = Resilience()
+    slurm: Slurm = Slurm()
+    kubernetes: Kubernetes = Kubernetes()
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -35,7 +35,7 @@ def kind(schema: dict[str, Any], defs: dict[str, Any]) -> str:
     elif name == "object":
         name = f"map of string to {kind(schema.get('additionalProperties', {}), defs)}"
     elif name == "string" and "pattern" in schema:
-        name = f"string matching `{schema['pattern']}`"
+        name = "string matching `{}`".format(schema["pattern"].replace("|", "\\|"))  # a table cell
     bounds = [f"{op} {schema[key]}" for key, op in BOUNDS if key in schema]
     return " ".join([name, *bounds])
 
@@ -56,6 +56,8 @@ SECTIONS = (
     ("DataSource", "data.sources[]"),
     ("Checkpoint", "checkpoint"),
     ("Resilience", "resilience"),
+    ("Slurm", "slurm"),
+    ("Kubernetes", "kubernetes"),
 )
 SECTIONS_BY_MODEL = {model: key for model, key in SECTIONS}
 

@@ -67,11 +67,11 @@ class StepStats:
 def _checkpoint_dir(ctx: WorkerContext) -> str:
     """``checkpoint.dir`` from the spec (a path or a URL such as s3://bucket/run), else the run's checkpoints/."""
     assert ctx.spec is not None
-    if ctx.spec.checkpoint.dir:
-        return ctx.spec.checkpoint.dir
     if ctx.run_dir is None:
-        raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
-    return str(ctx.run_dir.checkpoints)
+        if not ctx.spec.checkpoint.dir:
+            raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
+        return ctx.spec.checkpoint.dir
+    return ctx.run_dir.checkpoint_location(ctx.spec.checkpoint.dir)
 
 
 class Trainer:

@@ -100,6 +100,9 @@ class Controller:
                 execution.run_dir = str(status.run_dir)
             if status.phase is not Phase.RUNNING:
                 self._ended(s, job, execution, status, now)
+            elif status.reason and not (job.cancel_requested or job.evicting_for) and job.reason != status.reason:
+                # what the cluster says of it: pending in its queue, running where, requeued
+                job.reason = status.reason
 
     def _ended(self, s: Session, job: Job, execution: Execution, status: Status, now: float) -> None:
         execution.ended_at, execution.outcome = now, status.outcome or "lost"
@@ -257,7 +260,11 @@ class Controller:
                 if key in self._signalled:
                     continue
                 self._signalled.add(key)
-                if not _signal_received(_execution(s, job)):  # not delivered before a restart of the server
+                if _signal_received(_execution(s, job)):  # delivered before a restart of the server
+                    continue
+                if job.cancel_requested:
+                    self.executor.cancel(job.handle)  # on Slurm, scancel: the job ends CANCELLED there too
+                else:
                     self.executor.signal(job.handle, signal.SIGTERM)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from phalanx.control.executors import Executor, LocalExecutor
+from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
 from phalanx.control.server import auth
 from phalanx.control.server.app import Server, create_app
 from phalanx.control.server.loop import Controller
@@ -30,6 +30,8 @@ class Settings:
     slots: int | None = None  # CPU slots the local executor offers; None: this machine's GPUs
     admin_token_file: Path | None = None
     tick_s: float = 0.5
+    executor: str = "local"  # local | slurm
+    slurm_partition: str | None = None  # the slurm executor's partition, for jobs whose spec names none
 
     @property
     def database_url(self) -> str:
@@ -49,11 +51,19 @@ def bootstrap(store: Store) -> str | None:
         return token
 
 
+def make_executor(settings: Settings, jobs_dir: Path) -> Executor:
+    if settings.executor == "slurm":
+        return SlurmExecutor(jobs_dir, settings.slurm_partition)
+    if settings.executor == "local":
+        return LocalExecutor(jobs_dir, settings.slots)
+    raise ValueError(f"--executor {settings.executor}: give local or slurm")
+
+
 def build(settings: Settings, executor: Executor | None = None) -> tuple[Server, Controller, str | None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(settings.database_url)
     jobs_dir = settings.data_dir.absolute() / "jobs"
-    executor = executor or LocalExecutor(jobs_dir, settings.slots)
+    executor = executor or make_executor(settings, jobs_dir)
     token = bootstrap(store)
     controller = Controller(store, executor, tick_s=settings.tick_s)
     capacity = sum(node.gpus for node in executor.capacity())

@@ -1,0 +1,318 @@
+"""The Slurm executor: a job becomes one sbatch allocation of nodes + spare_nodes nodes, one task per node,
+and ``srun`` starts a ``phalanx agent`` on each; node 0's agent (the job's supervisor) hosts the rendezvous on
+the allocation's first node. Slurm places and starts; phalanx does the rest, as on any other backend.
+
+Node 0's agent runs in a step of its own, so the batch script can take its verdict, which is the job's, as
+its exit code: an agent killed with a lost node does not turn a recovered job into a failed one. The
+allocation is asked with ``--no-kill``: a lost node is phalanx's to handle (a spare, or a shrink), not a
+reason for Slurm to end the job; with ``--requeue`` Slurm starts the job again when it cannot go on (node 0
+lost, preemption), and it resumes from its last checkpoint.
+
+    <dir>/job.yaml        the spec the agents read (on the shared filesystem)
+         /job.sbatch      the batch script
+         /slurm_job_id    Slurm's id for it, once sbatch took it
+         /slurm-<id>.out  the batch script's and the agents' output (appended to across requeues)
+         /checkpoints/    unless the spec's checkpoint.dir says otherwise
+         /runs/<name>/<run id>/   the run directory, unless another runs directory is given
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx.control.executors.base import Handle, Launch, Phase, Status
+from phalanx.control.scheduler import Node
+from phalanx.spec import JobSpec, dump_spec, parse_spec
+
+CAPACITY_TTL_S = 30.0
+SETTLE_S = 10  # after node 0's agent ended, how long the other agents get to see it and end on their own
+# Job states of Slurm's in which the job is not over (squeue(1), "JOB STATE CODES").
+ACTIVE = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+}  # fmt: skip
+ENDED = {
+    "COMPLETED": "completed",
+    "FAILED": "failed (a non-zero exit)",
+    "CANCELLED": "cancelled",
+    "TIMEOUT": "timed out (its time limit)",
+    "NODE_FAIL": "ended by a node failure",
+    "PREEMPTED": "preempted by Slurm",
+    "OUT_OF_MEMORY": "out of memory",
+    "BOOT_FAIL": "failed to boot its nodes",
+    "DEADLINE": "past its deadline",
+}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message has the command and what it said."""
+
+
+def gpus_per_node(spec: JobSpec) -> int:
+    if spec.slurm.gpus_per_node is not None:
+        return spec.slurm.gpus_per_node
+    return spec.resources.procs_per_node if spec.resources.device == "cuda" else 0
+
+
+def render(
+    spec: JobSpec,
+    job: Path,
+    runs_dir: Path,
+    workdir: Path,
+    log: Path,
+    partition: str | None = None,
+    python: str = sys.executable,
+) -> str:
+    """The sbatch script of ``spec``, whose file is ``job`` (every path absolute: the script runs elsewhere);
+    ``partition`` when the spec names none."""
+    res, opts = spec.resources, spec.slurm
+    nodes = res.nodes + res.spare_nodes
+    q = shlex.quote
+    directives = [
+        f"--job-name={spec.name}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        *([f"--gres=gpu:{gpus_per_node(spec)}"] if gpus_per_node(spec) else []),
+        *(
+            f"--{flag}={value}"
+            for flag, value in (
+                ("time", opts.time_limit),
+                ("partition", opts.partition or partition),
+                ("account", opts.account),
+                ("qos", opts.qos),
+                ("constraint", opts.constraint),
+            )
+            if value is not None
+        ),
+        f"--chdir={workdir}",
+        f"--output={log}",
+        "--open-mode=append",
+        "--no-kill",
+        "--requeue" if opts.requeue else "--no-requeue",
+    ]
+    step = "srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill"
+    launch = 'bash -c \'exec "$@" --node-rank {rank} --addr "$(node_addr "$SLURMD_NODENAME")"\' agent "${{agent[@]}}"'
+    lines = [
+        "#!/bin/bash",
+        f"# phalanx job {spec.name}: {res.nodes} node(s) + {res.spare_nodes} spare(s), from {job}",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -uo pipefail",
+        "",
+        "# Node 0's agent hosts the rendezvous on the first node of the allocation (where this script runs), at",
+        "# the address Slurm reaches that node by.",
+        "node_addr() { scontrol show node \"$1\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2; }",
+        "export -f node_addr",
+        'rdzv_addr=$(node_addr "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)")',
+        f"rdzv_port=$({q(python)} -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+        'print(s.getsockname()[1])\' "$rdzv_addr")',
+        f"agent=({q(python)} -m phalanx agent {q(str(job))} --runs-dir {q(str(runs_dir))} "
+        '--rdzv "$rdzv_addr:$rdzv_port")',
+        'echo "phalanx: Slurm job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
+        'rendezvous $rdzv_addr:$rdzv_port"',
+        "",
+        "# Slurm's SIGTERM (scancel, the time limit) reaches every agent; node 0's stops the job with a checkpoint.",
+        "# This script waits for that instead of dying first, which would end the steps.",
+        "trap true TERM",
+        f"{step} --nodes=1 --ntasks=1 --relative=0 {launch.format(rank=0)} &",
+        "head_step=$!",
+    ]
+    if nodes > 1:
+        lines += [
+            f"{step} --nodes={nodes - 1} --ntasks={nodes - 1} --relative=1 "
+            + launch.format(rank="$((SLURM_PROCID + 1))")
+            + " &",
+            "other_steps=$!",
+        ]
+    lines += [
+        'while kill -0 "$head_step" 2>/dev/null; do wait "$head_step"; done',
+        'wait "$head_step"; code=$?',
+    ]
+    if nodes > 1:
+        lines += [
+            "# The other agents end once they see the job's end; one that does not is stopped.",
+            f'for _ in $(seq {SETTLE_S + int(spec.resilience.node_timeout_s)}); do kill -0 "$other_steps" '
+            "2>/dev/null || break; sleep 1; done",
+            'kill "$other_steps" 2>/dev/null; wait "$other_steps"',
+        ]
+    lines += ['exit "$code"', ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    dir: Path  # job.yaml, job.sbatch and the log
+    log: Path
+    runs_dir: Path
+
+    def handle(self) -> Handle:
+        return {"job_id": self.job_id, "dir": str(self.dir), "runs_dir": str(self.runs_dir)}
+
+
+def submit(
+    spec_text: str,
+    where: Path,
+    workdir: Path,
+    runs_dir: Path | None = None,
+    partition: str | None = None,
+    source: str = "<spec>",
+) -> Submitted:
+    """Write the spec and its batch script into ``where`` (a new directory on the shared filesystem) and sbatch
+    it. Submitting into a directory that was submitted from before returns that job, never a second one."""
+    where = where.absolute()
+    spec = parse_spec(spec_text, source=source)
+    runs_dir = (runs_dir or where / "runs").absolute()
+    if (where / "slurm_job_id").is_file():
+        job_id = (where / "slurm_job_id").read_text().strip()
+        return Submitted(job_id, where, where / f"slurm-{job_id}.out", runs_dir)
+    where.mkdir(parents=True, exist_ok=True)
+    if spec.checkpoint.dir is None:  # one place for every start of the job: a requeued job resumes from it
+        spec = spec.model_copy(
+            update={"checkpoint": spec.checkpoint.model_copy(update={"dir": str(where / "checkpoints")})}
+        )
+        spec_text = dump_spec(spec)
+    (where / "job.yaml").write_text(spec_text)
+    script = render(spec, where / "job.yaml", runs_dir, workdir.absolute(), where / "slurm-%j.out", partition)
+    (where / "job.sbatch").write_text(script)
+    out = _run("sbatch", "--parsable", str(where / "job.sbatch"), cwd=where)
+    job_id = out.split(";")[0].strip()  # --parsable: "ID" or "ID;CLUSTER"
+    (where / "slurm_job_id").write_text(job_id + "\n")
+    return Submitted(job_id, where, where / f"slurm-{job_id}.out", runs_dir)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What Slurm says about a job: its state, why (pending reason, or how it ended), and its requeues."""
+
+    state: str
+    reason: str
+    restarts: int
+    exit_code: str = ""
+    nodes: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def describe(self) -> str:
+        requeued = f", requeued by Slurm {self.restarts} time(s)" if self.restarts else ""
+        why = "" if self.reason in ("", "None", "(null)") else f" ({self.reason})"
+        if self.active:
+            where = f" on {self.nodes}" if self.nodes and self.state == "RUNNING" else ""
+            return f"Slurm: {self.state.lower()}{where}{why}{requeued}"
+        exit_code = f", exit code {self.exit_code}" if self.exit_code not in ("", "0:0") else ""
+        return f"Slurm: {ENDED.get(self.state, self.state.lower())}{why}{exit_code}{requeued}"
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The job as the controller knows it (``scontrol show job``, the data squeue shows), else as accounting
+    keeps it once the controller forgot it (``sacct``; on a cluster without slurmdbd, the job completion log
+    through ``sacct --completion``). None when no source knows it."""
+    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    if done.returncode == 0 and done.stdout.strip():
+        fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+        return JobInfo(
+            fields["JobState"],
+            fields.get("Reason", ""),
+            int(fields.get("Restarts", "0") or 0),
+            fields.get("ExitCode", ""),
+            fields.get("NodeList", ""),
+        )
+    for completion in ([], ["--completion"]):
+        done = subprocess.run(
+            ["sacct", *completion, "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,ExitCode"],
+            capture_output=True,
+            text=True,
+        )
+        for line in done.stdout.splitlines() if done.returncode == 0 else []:
+            jid, state, exit_code = [*line.split("|"), "", ""][:3]
+            if jid == job_id:
+                return JobInfo(state.split()[0], "", 0, exit_code)  # "CANCELLED by 0" -> CANCELLED
+    return None
+
+
+class SlurmExecutor:
+    """The control plane's executor for a Slurm cluster: each execution is one sbatch job. The scheduler admits
+    against the partition's nodes; Slurm places the job within it."""
+
+    name = "slurm"
+
+    def __init__(self, root: str | Path, partition: str | None = None):
+        for command in ("sbatch", "scontrol", "scancel", "sinfo"):
+            if shutil.which(command) is None:
+                raise SlurmError(f"the slurm executor needs Slurm's `{command}` on PATH (Debian: slurm-client)")
+        self.root, self.partition = Path(root).absolute(), partition
+        self._capacity: tuple[float, list[Node]] | None = None
+
+    def capacity(self) -> list[Node]:
+        """Each node of the partition with its GPUs (gres), or its CPUs as slots on a cluster without GPUs;
+        asked of Slurm at most every CAPACITY_TTL_S, not every scheduling round."""
+        if self._capacity is not None and time.monotonic() - self._capacity[0] < CAPACITY_TTL_S:
+            return self._capacity[1]
+        args = ["sinfo", "-N", "-h", "-o", "%N|%G|%c"] + (["-p", self.partition] if self.partition else [])
+        nodes: dict[str, Node] = {}
+        for line in _run(*args).splitlines():
+            name, gres, cpus = line.split("|")
+            gpus = sum(int(m) for m in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", gres))
+            nodes[name] = Node(name, name, gpus or int(cpus))
+        if not nodes:
+            raise SlurmError(f"sinfo lists no nodes{f' in partition {self.partition}' if self.partition else ''}")
+        self._capacity = (time.monotonic(), list(nodes.values()))
+        return self._capacity[1]
+
+    def start(self, launch: Launch) -> Handle:
+        where = self.root / launch.job_id / f"attempt-{launch.attempt}"
+        done = submit(launch.spec, where, Path(launch.workdir), partition=self.partition, source=f"job {launch.job_id}")
+        return done.handle()
+
+    def adopt(self, handle: Handle) -> None:
+        return None  # Slurm holds the job's nodes; nothing to count here
+
+    def status(self, handle: Handle) -> Status:
+        run_dir = _newest_run(Path(handle["runs_dir"]))
+        info = job_info(handle["job_id"])
+        if info is None:
+            return Status(Phase.LOST, run_dir, reason=f"Slurm no longer knows job {handle['job_id']}")
+        if info.active:
+            return Status(Phase.RUNNING, run_dir, reason=info.describe())
+        result = run_dir / "result.json" if run_dir is not None else None
+        if result is not None and result.is_file():
+            ended = json.loads(result.read_text())
+            reason = ended["reason"] + (f" ({info.describe()})" if info.state != "COMPLETED" else "")
+            return Status(Phase.EXITED, run_dir, ended["outcome"], ended["exit_code"], reason)
+        return Status(Phase.LOST, run_dir, reason=f"{info.describe()}; the job left no result")
+
+    def signal(self, handle: Handle, signum: int) -> None:
+        """The signal to every agent of the job (node 0's stops the job; the others hand it to node 0)."""
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        subprocess.run(["scancel", f"--signal={name}", handle["job_id"]], capture_output=True)
+
+    def cancel(self, handle: Handle) -> None:
+        """scancel: Slurm sends SIGTERM to every process of the job, then SIGKILL after its KillWait."""
+        subprocess.run(["scancel", handle["job_id"]], capture_output=True)
+
+
+def _newest_run(runs: Path) -> Path | None:
+    """The newest run directory: a job Slurm requeued has one per start (.slurm/ holds submissions)."""
+    found = [p for p in runs.glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def _run(*args: str, cwd: Path | None = None) -> str:
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, cwd=cwd, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"`{shlex.join(args)}` failed: {e}") from e
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        raise SlurmError(f"`{shlex.join(args)}` failed (exit {done.returncode}): {said}")
+    return done.stdout
