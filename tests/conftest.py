@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from servers import Postgres, free_port
+from servers import PhalanxServer, Postgres, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -123,3 +124,14 @@ def s3_server() -> Iterator[dict[str, str]]:
                 os.environ[k] = v
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[PhalanxServer]:
+    """`phalanx server` with the local executor and 2 slots; a failed test's jobs are stopped with it."""
+    started = PhalanxServer(tmp_path, slots=2)
+    yield started
+    started.stop()
+    for pid_file in (tmp_path / "data" / "jobs").glob("*/attempt-*/pid"):
+        if alive(pid := int(pid_file.read_text())):
+            os.kill(pid, signal.SIGTERM)

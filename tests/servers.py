@@ -211,3 +211,44 @@ class SlurmCluster:
         for pid_file in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid", self.root / "munged.pid"]:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+class Prometheus:
+    """Debian's Prometheus in a temporary directory, scraping ``target`` (HOST:PORT) every second with a bearer
+    token from ``token_file``; ``query`` asks its HTTP API."""
+
+    def __init__(self, root: Path, target: str, token_file: Path) -> None:
+        if shutil.which("prometheus") is None:
+            raise FileNotFoundError("prometheus is not installed: apt-get install prometheus (.ci/run does)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = root / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: phalanx\n"
+            "    metrics_path: /metrics\n"
+            f"    authorization: {{type: Bearer, credentials_file: {token_file}}}\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        self.log = root / "prometheus.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def query(self, expr: str) -> list[dict]:
+        """The instant vector of ``expr`` (empty until a scrape has it)."""
+        try:
+            response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
+        except httpx.HTTPError:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            return []
+        response.raise_for_status()
+        return response.json()["data"]["result"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from sqlalchemy import select
+from starlette.websockets import WebSocketDisconnect
 
 from phalanx.control.server import auth
 from phalanx.control.server.app import MAX_BODY, Server, create_app
@@ -62,7 +63,7 @@ class World:
 
     def call(self, who: str, method: str, path: str, expect: int | None = None, **kwargs):
         response = self.http.request(
-            method, "/api/v1" + path, headers={"Authorization": f"Bearer {self.tokens[who]}"}, **kwargs
+            method, _url(path), headers={"Authorization": f"Bearer {self.tokens[who]}"}, **kwargs
         )
         if expect is not None:
             assert response.status_code == expect, (method, path, response.status_code, response.text)
@@ -102,11 +103,20 @@ def _requests(w: World, tenant: str) -> dict[tuple[str, str], tuple[str, dict]]:
         ("GET", "/api/v1/jobs/{job_id}/checkpoints"): (f"/jobs/{job}/checkpoints", {}),
         ("GET", "/api/v1/quota"): ("/quota", {}),
         ("GET", "/api/v1/usage"): ("/usage", {}),
+        ("GET", "/metrics"): ("/metrics", {}),
+        ("GET", "/api/v1/dashboard/jobs"): ("/dashboard/jobs", {}),
+        ("GET", "/api/v1/dashboard/jobs/{job_id}"): (f"/dashboard/jobs/{job}", {}),
+        ("GET", "/api/v1/dashboard/fleet"): ("/dashboard/fleet", {}),
     }
 
 
+def _url(path: str) -> str:
+    """Routes are under /api/v1, but for Prometheus' /metrics."""
+    return path if path.startswith("/metrics") else "/api/v1" + path
+
+
 def _routes(w: World) -> set[tuple[str, str]]:
-    return {(m, r.path) for r in w.app.routes if isinstance(r, APIRoute) for m in r.methods}
+    return {(m, r.path) for r in w.app.routes if isinstance(r, APIRoute) and r.include_in_schema for m in r.methods}
 
 
 def _leaks(response, w: World, tenant: str) -> list[str]:
@@ -147,7 +157,7 @@ def test_every_endpoint_hides_another_tenant(world: World, role: Role) -> None:
     for endpoint, (path, kwargs) in _requests(world, "beta").items():
         method = endpoint[0]
         response = world.http.request(
-            method, "/api/v1" + path, headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
+            method, _url(path), headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
         )
         assert not _leaks(response, world, "beta"), (endpoint, role, response.text)
         has_target = "{" in endpoint[1] or "tenant" in kwargs.get("json", {}) or "user" in kwargs.get("json", {})
@@ -161,7 +171,7 @@ def test_every_endpoint_hides_another_tenant(world: World, role: Role) -> None:
         if endpoint == ("DELETE", "/api/v1/tokens/{token_id}"):
             continue  # revoking alpha-viewer's token would end this matrix for that role
         response = world.http.request(
-            endpoint[0], "/api/v1" + path, headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
+            endpoint[0], _url(path), headers={"Authorization": f"Bearer {world.tokens[caller]}"}, **kwargs
         )
         assert response.status_code in _own_status(endpoint, role), (endpoint, role, response.text)
 
@@ -176,7 +186,7 @@ def test_admin_sees_every_tenant(world: World) -> None:
 def test_every_request_needs_a_valid_token(world: World) -> None:
     for endpoint, (path, kwargs) in _requests(world, "alpha").items():
         for headers in ({}, {"Authorization": "Bearer nonsense"}, {"Authorization": "Bearer phx_" + "0" * 12 + "_x"}):
-            response = world.http.request(endpoint[0], "/api/v1" + path, headers=headers, **kwargs)
+            response = world.http.request(endpoint[0], _url(path), headers=headers, **kwargs)
             assert response.status_code == 401, (endpoint, headers, response.text)
     made = world.call("alpha-member", "POST", "/tokens", json={"name": "short", "expires_in_s": 1}, expect=201)
     world.http.headers["Authorization"] = f"Bearer {made['token']}"
@@ -255,3 +265,25 @@ def test_fuzz_finds_no_500_and_no_leak(tmp_path: Path) -> None:
         fuzz()
     assert {(m, p) for m, p, _ in seen} == _routes(w)
     assert {code for *_, code in seen} >= {200, 201, 404, 422}
+
+
+def test_the_live_channel_checks_the_token_and_the_tenant(world: World) -> None:
+    """The dashboard's WebSocket: a view of one's own tenant comes at once; another tenant's job is not found
+    (4404), a bad token is refused (4401), and the jobs view never shows another tenant."""
+    with world.http.websocket_connect("/api/v1/dashboard/live") as ws:
+        ws.send_json({"token": world.tokens["alpha-viewer"], "view": "jobs"})
+        seen = ws.receive_json()
+    assert world.jobs["alpha"] in [j["id"] for j in seen["jobs"]] and {j["tenant"] for j in seen["jobs"]} == {"alpha"}
+    with world.http.websocket_connect("/api/v1/dashboard/live") as ws:
+        ws.send_json({"token": world.tokens["alpha-viewer"], "view": "job", "id": world.jobs["alpha"]})
+        assert ws.receive_json()["job"]["tenant"] == "alpha"
+    for ask, code in (
+        ({"token": world.tokens["alpha-tenant-admin"], "view": "job", "id": world.jobs["beta"]}, 4404),
+        ({"token": "phx_000000000000_nope", "view": "jobs"}, 4401),
+        ({"token": world.tokens["alpha-member"], "view": "everything"}, 4422),
+    ):  # fmt: skip
+        with world.http.websocket_connect("/api/v1/dashboard/live") as ws:
+            ws.send_json(ask)
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+        assert closed.value.code == code, ask

@@ -144,7 +144,7 @@ def test_crash_is_restarted_until_it_succeeds(job: Job) -> None:
     assert "failed: rank 1 exited with code 3 after step 1" in result.stdout
     assert "restart 1/3 in 0.2 s" in result.stdout and "[rank0]: attempt 1 done" in result.stdout
     (restart,) = _events(job, "restart_scheduled")
-    assert restart["failure"] == "infrastructure" and restart["backoff_s"] == 0.2
+    assert restart["failure"] == "infrastructure" and restart["category"] == "crash" and restart["backoff_s"] == 0.2
     assert [e["attempt"] for e in _events(job, "attempt_started")] == [0, 1]
     assert json.loads((job.run_dir() / "result.json").read_text())["restarts"] == 1
 

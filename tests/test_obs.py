@@ -131,3 +131,24 @@ def test_loss_curve_is_a_png_and_needs_steps(tmp_path: Path) -> None:
     empty = RunDir.create(tmp_path, "empty")
     EventLog(empty.events).emit("run_started")
     assert plot_loss(empty) is None and not (empty.root / "loss.png").exists()  # no steps: no curve
+
+
+def test_a_line_still_being_written_is_not_read_yet(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "events.jsonl")
+    log.emit("one")
+    log.emit("two")
+    with open(log.path, "a") as f:
+        f.write('{"ts": 3.0, "kind": "thr')  # the writer is mid-line
+    assert [e["kind"] for e in read_jsonl(log.path)] == ["one", "two"]
+
+
+def test_the_ledger_of_a_run_still_going_accounts_for_every_second_so_far(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    started = [{"ts": 100.0, "kind": "run_started"}, {"ts": 101.0, "kind": "attempt_started", "attempt": 0}]
+    run.events.write_text("".join(json.dumps(e) + "\n" for e in started))
+    steps = [{"ts": 102.0 + step, "step": step, "step_time_s": 1.0} for step in range(10)]  # after the last event
+    run.metrics.write_text("".join(json.dumps(m) + "\n" for m in steps))
+    book = write_ledger(run)
+    assert book.wall_s == 111.0 - 100.0
+    assert all(s >= 0 for s in book.seconds.values()), book.seconds
+    assert abs(sum(book.seconds.values()) - book.wall_s) < 1e-9

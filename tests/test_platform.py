@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from conftest import REPO, alive
 from phalanx.client import Client
@@ -29,16 +26,6 @@ def tiny(name: str, steps: int, every: int = 5) -> str:
         f" micro_batch: 4, seq_len: 32, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}}}\n"
         f"checkpoint: {{every_steps: {every}}}\n"
     )
-
-
-@pytest.fixture
-def server(tmp_path: Path):
-    started = PhalanxServer(tmp_path, slots=2)
-    yield started
-    started.stop()
-    for pid_file in (tmp_path / "data" / "jobs").glob("*/attempt-*/pid"):  # a failed test's jobs run on: stop them
-        if alive(pid := int(pid_file.read_text())):
-            os.kill(pid, signal.SIGTERM)
 
 
 def wait_for(client: Client, job_id: str, states: set[str] = frozenset(), steps: int = 0, timeout: float = 180) -> dict:

@@ -280,8 +280,10 @@ def test_a_slowed_rank_is_reported_as_a_straggler(job: Job, tmp_path: Path) -> N
 
 
 def test_failure_classification_and_backoff() -> None:
-    assert classify_exit(-signal.SIGKILL, "") == Failure(Kind.INFRASTRUCTURE, "killed by SIGKILL")
+    assert classify_exit(-signal.SIGKILL, "") == Failure(Kind.INFRASTRUCTURE, "killed by SIGKILL", "killed")
     assert classify_exit(1, "ValueError: bad lr").kind is Kind.USER
+    assert classify_exit(1, "ValueError: bad lr").category == "user_error"
+    assert classify_exit(1, "RuntimeError: NCCL timeout").category == "crash"
     assert classify_exit(1, "phalanx.train.trainer.BadLoss: loss nan").kind is Kind.USER
     assert classify_exit(1, "torch.distributed.DistBackendError: connection reset").retryable
     assert classify_exit(3, "").why == "exited with code 3 without recording an error"

@@ -53,7 +53,7 @@ POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within 
 HANG_CHECK_S = 0.5  # how often the heartbeats are read
 STACK_DUMP_S = 2.0  # how long hung workers get to write their stacks before they are killed
 STORE_TIMEOUT_S = 300.0
-REGROW = Failure(Kind.INFRASTRUCTURE, "stopped to grow back")  # not a failure: the attempt ends on purpose
+REGROW = Failure(Kind.INFRASTRUCTURE, "stopped to grow back", "regrow")  # not a failure: the attempt ends on purpose
 
 
 class Outcome(enum.StrEnum):
@@ -248,6 +248,7 @@ class Supervisor:
                 backoff_s=wait,
                 failure=failure.kind,
                 cause=failure.why,
+                category=failure.category,
                 reason=result.reason,
             )
             deadline = time.monotonic() + wait
@@ -415,7 +416,7 @@ class Supervisor:
         reason = f"{name} {why}"
         self.say(f"failed: {reason}")
         result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=lost.node, node_lost=True)
-        return result, Failure(Kind.INFRASTRUCTURE, reason)
+        return result, Failure(Kind.INFRASTRUCTURE, reason, "node_lost")
 
     def _stop_on_failure(self, run: AttemptRun, first: RankFailed, store: TCPStore) -> tuple[RunResult, Failure]:
         step = last_step(store, first.rank)

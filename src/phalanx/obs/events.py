@@ -31,7 +31,11 @@ class EventLog(JsonlLog):
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a JSON-lines file that another process may be appending to (events, metrics): a last
+    line without its newline is not written yet, and is left out rather than failing the reader."""
     with Path(path).open() as f:
         for line in f:
+            if not line.endswith("\n"):
+                return  # the last line, still being written by its process: not there yet
             if line.strip():
                 yield json.loads(line)

@@ -75,7 +75,9 @@ def ledger(run: RunDir) -> Ledger:
     events = list(read_jsonl(run.events))
     metrics = list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
     start = events[0]["ts"]
-    end = next((e["ts"] for e in events if e["kind"] == "run_finished"), events[-1]["ts"])
+    # A run still going ends, so far, at what it last wrote: its last event or its last step.
+    so_far = max(events[-1]["ts"], metrics[-1]["ts"] if metrics else 0.0)
+    end = next((e["ts"] for e in events if e["kind"] == "run_finished"), so_far)
     attempts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
     failures = [e["ts"] for e in events if e["kind"] in FAILURES]
     seconds = dict.fromkeys(CATEGORIES, 0.0)

@@ -49,6 +49,7 @@ class Kind(enum.StrEnum):
 class Failure:
     kind: Kind
     why: str  # one line: what happened, for the console, the events and result.json
+    category: str = "crash"  # crash | killed | hang | node_lost | user_error | regrow: few values, for metrics
 
     @property
     def retryable(self) -> bool:
@@ -65,9 +66,9 @@ def classify_exit(returncode: int, recorded: str) -> Failure:
     """Classify a rank's non-zero exit from its return code and the root cause it recorded (may be "")."""
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        return Failure(Kind.INFRASTRUCTURE, f"killed by {name}")
+        return Failure(Kind.INFRASTRUCTURE, f"killed by {name}", "killed")
     if exception_type(recorded) in USER_ERRORS:
-        return Failure(Kind.USER, f"{recorded} (an error in the code or spec: not retried)")
+        return Failure(Kind.USER, f"{recorded} (an error in the code or spec: not retried)", "user_error")
     if recorded:
         return Failure(Kind.INFRASTRUCTURE, recorded)
     return Failure(Kind.INFRASTRUCTURE, f"exited with code {returncode} without recording an error")
@@ -77,6 +78,7 @@ def hang(stall: Stall) -> Failure:
     return Failure(
         Kind.INFRASTRUCTURE,
         f"hung: no progress past step {stall.step} for {stall.silent_s:.1f} s (hang timeout {stall.timeout_s:.1f} s)",
+        "hang",
     )
 
 

@@ -9,6 +9,7 @@ across an ``await``. Routes that read run directories (logs, metrics, goodput) r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -17,13 +18,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import JSONResponse
+import anyio
+from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from phalanx.control.server import auth, lifecycle, views
+from phalanx.control.server import auth, dashboard, lifecycle, metrics, views
 from phalanx.control.server.lifecycle import ACTIVE, Conflict, S
 from phalanx.control.server.models import (
     JobEvents,
@@ -48,6 +52,8 @@ from phalanx.spec import SpecError
 log = logging.getLogger("phalanx.server")
 MAX_BODY = 1 << 20  # bytes of a request body
 MAX_INT = 2**31 - 1
+LIVE_S = 1.0  # how often the live channel looks for changes
+UI = Path(__file__).parent / "ui"  # the dashboard's pages, scripts and charting library: no CDN at run time
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API token: phx_...")
@@ -284,6 +290,71 @@ def create_app(server: Server) -> FastAPI:
     ) -> UsageReport:
         with server.scope(token) as caller:
             return views.usage(caller, since, time.time())
+
+    # --- the dashboard: its pages' data, kept live over a WebSocket, and the pages themselves
+    @app.get("/api/v1/dashboard/jobs", tags=["dashboard"])
+    def dashboard_jobs(token: Token) -> dict[str, Any]:
+        with server.scope(token) as caller:
+            return dashboard.jobs(caller)
+
+    @app.get("/api/v1/dashboard/jobs/{job_id}", tags=["dashboard"])
+    def dashboard_job(job_id: str, token: Token) -> dict[str, Any]:
+        with server.scope(token) as caller:
+            return dashboard.job(caller, job_id)
+
+    @app.get("/api/v1/dashboard/fleet", tags=["dashboard"])
+    def dashboard_fleet(token: Token) -> dict[str, Any]:
+        with server.scope(token) as caller:
+            return dashboard.fleet(caller, server.capacity)
+
+    @app.websocket("/api/v1/dashboard/live")
+    async def dashboard_live(ws: WebSocket) -> None:
+        """The client sends {"token", "view": jobs | fleet | job, "id"}; the view comes back at once and again
+        each time it changes. A browser cannot put a token in a WebSocket's headers, hence the message. The token
+        is checked every time, so a revoked one ends the channel (close code 4401; 4404: no such job)."""
+        await ws.accept()
+        try:
+            ask = await ws.receive_json()
+            view = {"jobs": dashboard.jobs, "fleet": lambda c: dashboard.fleet(c, server.capacity)}.get(
+                ask.get("view"), lambda c: dashboard.job(c, str(ask.get("id")))
+            )
+            token = f"Bearer {ask.get('token', '')}"
+            if ask.get("view") not in ("jobs", "fleet", "job"):
+                await ws.close(4422, "view: give jobs, fleet or job")
+                return
+
+            def compute() -> dict[str, Any]:
+                with server.scope(token) as caller:
+                    return view(caller)
+
+            sent = None
+            while True:
+                try:
+                    now = await anyio.to_thread.run_sync(compute)
+                except (auth.Unauthenticated, NotFound) as e:
+                    await ws.close(4401 if isinstance(e, auth.Unauthenticated) else 4404, str(e)[:120])
+                    return
+                if now != sent:
+                    await ws.send_json(now)
+                    sent = now
+                with contextlib.suppress(TimeoutError):  # the pause, or the client's leaving
+                    await asyncio.wait_for(ws.receive_text(), LIVE_S)
+        except (WebSocketDisconnect, ValueError, AttributeError):
+            return
+
+    @app.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse("/ui/")
+
+    app.mount("/ui", StaticFiles(directory=UI, html=True), name="ui")
+
+    # --- Prometheus
+    @app.get("/metrics", tags=["metrics"], response_class=PlainTextResponse)
+    def prometheus(token: Token) -> Response:
+        """The server's metrics in Prometheus' text format, of the tenants the token may see (docs/platform.md)."""
+        with server.scope(token) as caller:
+            body = generate_latest(metrics.registry(caller, server.capacity))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
 

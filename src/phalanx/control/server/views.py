@@ -31,7 +31,7 @@ def progress(job: Job, runs: list[tuple[int, RunDir]]) -> tuple[int | None, int 
     spec = parse_spec(job.spec, source=f"job {job.id}")
     total = spec.train.steps if spec.train is not None else None
     for _, run in reversed(runs):
-        last = _last_line(run.metrics)
+        last = last_line(run.metrics)
         if last is not None:
             return int(last["step"]) + 1, last.get("total_steps") or total
     return None, total
@@ -125,7 +125,8 @@ def _productive_s(e: Execution) -> float:
     return 0.0
 
 
-def _last_line(path: Path) -> dict[str, Any] | None:
+def last_line(path: Path) -> dict[str, Any] | None:
+    """The last complete JSON line of a file being appended to (metrics.jsonl), read from its end."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)

@@ -69,8 +69,10 @@ class Scope:
         owner: str | None = None,
         limit: int = 1000,
         after: int = 0,
+        newest_first: bool = False,
     ) -> Sequence[Job]:
-        """Jobs in submit order, from the one after ``after`` (a job's seq: pages through many)."""
+        """Jobs in submit order, from the one after ``after`` (a job's seq: pages through many); or the newest
+        ``limit`` of them, newest first."""
         stmt = self._mine(select(Job), Job.tenant).where(Job.seq > after)
         if states:
             stmt = stmt.where(Job.state.in_(states))
@@ -78,7 +80,7 @@ class Scope:
             stmt = stmt.where(Job.tenant == tenant)
         if owner is not None:
             stmt = stmt.where(Job.owner == owner)
-        return self.session.scalars(stmt.order_by(Job.seq).limit(limit)).all()
+        return self.session.scalars(stmt.order_by(Job.seq.desc() if newest_first else Job.seq).limit(limit)).all()
 
     def job(self, job_id: str, for_update: bool = False) -> Job:
         stmt = self._mine(select(Job).where(Job.id == job_id), Job.tenant)

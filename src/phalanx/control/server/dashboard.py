@@ -1,0 +1,198 @@
+"""What the dashboard's pages show, as JSON: the jobs table, one job in full, the fleet. Computed from the store
+and the run directories in the caller's scope (another tenant's job is not found), for the GET routes and for
+the live channel (a WebSocket that sends a view again whenever it changed)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from phalanx.control.server import views
+from phalanx.control.server.lifecycle import ACTIVE, FINAL, S
+from phalanx.control.store import Execution, Job, Scope
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.goodput import ledger
+from phalanx.obs.rundir import RunDir
+
+JOBS_SHOWN = 500  # the newest; the API pages through all of them
+UTILISATION_POINTS = 120
+SUMMARIES_KEPT = 10_000
+MAX_POINTS = 2_000  # steps sent to the job page's charts
+SERIES = ("loss", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes")
+
+
+def job_row(caller: Scope, job: Job) -> dict[str, Any]:
+    """One row of the jobs table: state, progress, ETA, speed, goodput and restarts, as the job last said."""
+    runs = views.run_dirs(caller, job)
+    done, total = views.progress(job, runs)
+    last = views.last_line(runs[-1][1].metrics) if runs else None
+    step_s = (last or {}).get("step_time_s")
+    eta = (total - done) * step_s if job.state == S.RUNNING and done and total and step_s else None
+    summaries = [_summary(run) for _, run in runs]
+    return {
+        "id": job.id,
+        "name": job.name,
+        "tenant": job.tenant,
+        "owner": job.owner,
+        "state": job.state,
+        "reason": job.reason,
+        "priority": job.priority,
+        "gpus": job.gpus,
+        "submitted_at": job.submitted_at,
+        "ended_at": job.ended_at,
+        "steps_done": done,
+        "total_steps": total,
+        "progress": done / total if done is not None and total else None,
+        "eta_s": eta,
+        "tokens_per_s": (last or {}).get("tokens_per_s"),
+        "mfu": (last or {}).get("mfu"),
+        "goodput": summaries[-1][0] if summaries else None,
+        "restarts": sum(restarts for _, restarts in summaries) + max(0, len(runs) - 1),
+        "preemptions": job.preemptions,
+    }
+
+
+def _summary(run: RunDir) -> tuple[float | None, int]:
+    """(goodput, restarts) of a run directory, read again only when its files changed: the jobs table is
+    sent every second to every open page, and most of its jobs ended long ago."""
+    try:
+        key = tuple((s.st_size, s.st_mtime_ns) for s in (run.events.stat(), run.metrics.stat()))
+    except OSError:
+        key = None
+    cached = _summaries.get(run.root)
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1]
+    if not run.events.is_file():
+        return None, 0
+    found = (ledger(run).goodput, sum(e["kind"] == "restart_scheduled" for e in read_jsonl(run.events)))
+    if key is not None:
+        if len(_summaries) >= SUMMARIES_KEPT:
+            _summaries.clear()
+        _summaries[run.root] = (key, found)
+    return found
+
+
+_summaries: dict[Path, tuple[tuple, tuple[float | None, int]]] = {}
+
+
+def jobs(caller: Scope) -> dict[str, Any]:
+    return {"jobs": [job_row(caller, job) for job in caller.jobs(limit=JOBS_SHOWN, newest_first=True)]}
+
+
+def job(caller: Scope, job_id: str) -> dict[str, Any]:
+    """Everything the job page shows: its row, each step's metrics by execution and attempt, the restarts with
+    their causes, the goodput breakdown, the timeline, the ranks that have logs, and the stack dumps."""
+    found = caller.job(job_id)
+    runs = views.run_dirs(caller, found)
+    steps: list[dict[str, Any]] = []
+    marks: list[dict[str, Any]] = []  # where an attempt began and where a step was bad
+    for execution, run in runs:
+        events = list(read_jsonl(run.events)) if run.events.is_file() else []
+        starts = {e["attempt"]: e["ts"] for e in events if e["kind"] == "attempt_started"}
+        for attempt, at in sorted(starts.items()):
+            marks.append({"kind": "attempt", "execution": execution, "attempt": attempt, "ts": at})
+        for e in events:
+            if e["kind"] in ("bad_step_skipped", "bad_step_rollback"):
+                marks.append({"kind": "bad_step", "execution": execution, "ts": e["ts"], "why": e["problem"]})
+        for m in read_jsonl(run.metrics) if run.metrics.is_file() else []:
+            steps.append({"execution": execution, "step": m["step"], "ts": m["ts"], **{k: m.get(k) for k in SERIES}})
+    timeline = [
+        {"ts": t.at, "kind": "state", "text": f"{t.from_state or 'new'} -> {t.to_state}: {t.cause}"}
+        for t in caller.transitions(found)
+    ] + [
+        {"ts": e["ts"], "kind": e["kind"], "execution": e["execution"], "text": _describe(e)}
+        for e in views.events(runs)
+        if e["kind"] != "checkpoint_committed"
+    ]
+    restarts = [
+        {"execution": e["execution"], "ts": e["ts"], "cause": e.get("category", "crash"), "reason": e["reason"]}
+        for e in views.events(runs)
+        if e["kind"] == "restart_scheduled"
+    ]
+    latest = runs[-1][1] if runs else None
+    stacks = {}
+    if latest is not None:
+        for path in sorted(latest.logs.glob("rank-*.stacks.txt")):
+            if text := path.read_text(errors="replace").strip():
+                stacks[path.name.split(".")[0].removeprefix("rank-")] = text[-20_000:]
+    ranks = sorted(int(p.name.split("-")[1].split(".")[0]) for p in latest.logs.glob("rank-*.log")) if latest else []
+    if len(steps) > MAX_POINTS:  # what a chart can show; the API's /metrics has every step
+        stride = -(-len(steps) // MAX_POINTS)
+        steps = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
+    return {
+        "job": job_row(caller, found),
+        "steps": steps,
+        "marks": marks,
+        "restarts": restarts,
+        "goodput": views.goodput(runs),
+        "timeline": sorted(timeline, key=lambda e: e["ts"]),
+        "ranks": ranks,
+        "stacks": stacks,
+        "final": found.state in FINAL,
+    }
+
+
+def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, Any]:
+    """GPUs in use per tenant against quota and borrowing, the queue with why each job waits, preemptions, and
+    the GPUs allocated over the last day."""
+    now = time.time() if now is None else now
+    tenants = caller.tenants()
+    held: dict[str, int] = defaultdict(int)
+    preempted: dict[str, int] = defaultdict(int)
+    for tenant, state, gpus, preemptions in caller.session.execute(
+        select(Job.tenant, Job.state, func.sum(Job.gpus), func.sum(Job.preemptions))
+        .where(Job.tenant.in_([t.name for t in tenants]))
+        .group_by(Job.tenant, Job.state)
+    ):
+        held[tenant] += gpus if state in ACTIVE else 0
+        preempted[tenant] += preemptions or 0
+    queue = caller.jobs(states=[S.PENDING], limit=JOBS_SHOWN)
+    since = now - 24 * 3600
+    executions = caller.executions(since=since)
+    return {
+        "capacity": capacity,
+        "tenants": [
+            {
+                "name": t.name,
+                "quota_gpus": t.quota_gpus,
+                "borrowing_limit": t.borrowing_limit,
+                "cohort": t.cohort,
+                "gpus_in_use": held[t.name],
+                "preemptions": preempted[t.name],
+            }
+            for t in tenants
+        ],
+        "queue": [_queued(j, now) for j in queue],
+        "utilisation": _utilisation([e for e, _ in executions], since, now),
+    }
+
+
+def _queued(job: Job, now: float) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "tenant": job.tenant,
+        "gpus": job.gpus,
+        "priority": job.priority,
+        "waiting_s": now - job.queued_at,
+        "why": job.reason,
+    }
+
+
+def _utilisation(executions: list[Execution], since: float, now: float) -> dict[str, list[float]]:
+    """GPUs held, sampled at evenly spaced times from ``since`` to ``now``."""
+    times = [since + (now - since) * i / (UTILISATION_POINTS - 1) for i in range(UTILISATION_POINTS)]
+    gpus = [
+        float(sum(e.gpus for e in executions if e.started_at <= t and (e.ended_at is None or e.ended_at > t)))
+        for t in times
+    ]
+    return {"ts": times, "gpus": gpus}
+
+
+def _describe(event: dict[str, Any]) -> str:
+    shown = {k: v for k, v in event.items() if k not in ("ts", "kind", "execution", "argv", "pids")}
+    return ", ".join(f"{k}={v}" for k, v in shown.items())[:300]

@@ -1,0 +1,112 @@
+"""The dashboard in a real browser: headless Chromium (Debian's package) driven by Playwright, against
+`phalanx server` on loopback. Log in with a token, submit a job from the page, watch its progress move with
+no reload, see the restart `phalanx chaos kill` causes appear, and never see another tenant's job, in the
+page or in anything the page received. Screenshots of each page go to the test's temporary directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from servers import PhalanxServer
+from test_platform import tiny, wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser() -> Iterator:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("Chromium is not installed: apt-get install chromium (.ci/run does)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        yield browser
+        browser.close()
+
+
+def _steps(page) -> int:
+    found = re.search(r"step (\d+)", page.locator("#job-progress").inner_text())
+    return int(found.group(1)) if found else 0
+
+
+def _until(check, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not so after {timeout} s"
+        time.sleep(0.2)
+
+
+def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browser, tmp_path: Path) -> None:
+    alice = server.member("vision", 2, "alice")
+    bob = server.member("audio", 2, "bob")
+    hidden = bob.submit(tiny("audio-secret", 5))["id"]
+    wait_for(bob, hidden, {"SUCCEEDED"})  # done: the two slots are alice's
+    token = server.admin.create_token("browser", "alice")["token"]
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    received: list[str] = []  # every API answer and live message the page got
+    page.on("response", lambda r: received.append(r.text()) if "/api/v1/" in r.url else None)
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(str(frame))))
+
+    page.goto(server.url)  # redirected to the dashboard, which asks for a token
+    page.fill("#token", "phx_000000000000_wrong")
+    page.click("#login")
+    page.wait_for_selector("#login-error:has-text('not valid')")
+    page.fill("#token", token)
+    page.click("#login")
+    page.wait_for_selector("#jobs-table")
+    assert "alice (member, vision)" in page.inner_text("#who")
+
+    page.fill("#submit-spec", tiny("ui-job", 100_000, every=20))
+    page.click("#submit")
+    link = page.wait_for_selector("#submit-result a")
+    job = link.inner_text()
+    page.wait_for_selector(f"tr[data-job='{job}'] td.state:has-text('RUNNING')", timeout=120_000)
+    page.evaluate("window.__notReloaded = true")  # gone if the page ever reloads
+
+    link.click()
+    page.wait_for_selector("#job-progress:has-text('step')", timeout=120_000)
+    first = _steps(page)
+    _until(lambda: _steps(page) > first + 3)  # the page moves by itself
+    wait_for(alice, job, {"RUNNING"}, steps=25)  # a checkpoint (step 20) to restart from
+    (run,) = (server.tmp / "data" / "jobs" / job / "attempt-1" / "runs" / "ui-job").iterdir()
+    chaos = [sys.executable, "-m", "phalanx", "chaos", str(run), "kill", "--rank", "1"]
+    subprocess.run(chaos, check=True, capture_output=True, cwd=REPO, timeout=120)
+    page.wait_for_selector("#restarts li[data-cause='killed']", timeout=120_000)
+    page.wait_for_selector("#timeline td:has-text('attempt=1')", timeout=120_000)  # the next attempt began
+    resumed = _steps(page)
+    _until(lambda: _steps(page) > resumed + 3)  # and trains on
+    page.wait_for_selector("#log:has-text('step')")  # rank 0's log, followed
+    assert page.locator("#goodput span[data-category='productive']").count() == 1
+    assert page.evaluate("window.__notReloaded") is True
+    page.screenshot(path=tmp_path / "job.png", full_page=True)
+
+    page.click("#nav-fleet")
+    page.wait_for_selector("#tenants tr[data-tenant='vision']")
+    page.screenshot(path=tmp_path / "fleet.png", full_page=True)
+    assert page.locator("#tenants tr[data-tenant='audio']").count() == 0
+
+    page.goto(f"{server.url}/ui/#/jobs/{hidden}")  # another tenant's job, by its id
+    page.wait_for_selector("main .error:has-text('not found')")
+    page.click("#nav-jobs")
+    page.wait_for_selector(f"tr[data-job='{job}'] td.restarts:has-text('1')")
+    page.screenshot(path=tmp_path / "jobs.png", full_page=True)
+    assert page.locator(f"tr[data-job='{hidden}']").count() == 0
+    leaked = [text for text in received if (hidden in text and "not found" not in text) or '"audio"' in text]
+    assert not leaked, leaked[:2]
+    assert any(job in text for text in received)  # the positive control: the page did receive alice's job
+
+    for name in ("jobs.png", "job.png", "fleet.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    alice.cancel(job)
+    wait_for(alice, job, {"CANCELLED"}, timeout=120)
