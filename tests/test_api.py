@@ -54,6 +54,7 @@ class World:
         run = tmp / "runs" / tenant
         (run / "logs").mkdir(parents=True)
         (run / "logs" / "rank-0.log").write_text(f"secret log line of {tenant}\n")
+        (run / "logs" / "rank-0.stacks.txt").write_text(f'File "train.py", line 1, in secret stack of {tenant}\n')
         (run / "events.jsonl").write_text(json.dumps({"ts": 1.0, "kind": "run_started", "who": tenant}) + "\n")
         (run / "metrics.jsonl").write_text(json.dumps({"ts": 2.0, "step": 0, "loss": 1.0, "who": tenant}) + "\n")
         with self.store.write() as s:
@@ -126,7 +127,10 @@ def _leaks(response, w: World, tenant: str) -> list[str]:
         detail = response.json()["detail"]
         return [] if re.fullmatch(r"\w+ (['\"]).*\1 not found", detail, re.DOTALL) else [detail]
     text = response.text
-    marks = [f'"{tenant}"', f"{tenant}-member", w.jobs[tenant], f"secret log line of {tenant}", f'"who": "{tenant}"']
+    marks = [
+        f'"{tenant}"', f"{tenant}-member", w.jobs[tenant], f"secret log line of {tenant}", f'"who": "{tenant}"',
+        f"secret stack of {tenant}",
+    ]  # fmt: skip
     return [m for m in marks if m in text.replace('":"', '": "')]
 
 
@@ -276,7 +280,9 @@ def test_the_live_channel_checks_the_token_and_the_tenant(world: World) -> None:
     assert world.jobs["alpha"] in [j["id"] for j in seen["jobs"]] and {j["tenant"] for j in seen["jobs"]} == {"alpha"}
     with world.http.websocket_connect("/api/v1/dashboard/live") as ws:
         ws.send_json({"token": world.tokens["alpha-viewer"], "view": "job", "id": world.jobs["alpha"]})
-        assert ws.receive_json()["job"]["tenant"] == "alpha"
+        shown = ws.receive_json()
+    assert shown["job"]["tenant"] == "alpha" and shown["ranks"] == [0]
+    assert "secret stack of alpha" in shown["stacks"]["0"]  # a hang's stack dump, for the job page
     for ask, code in (
         ({"token": world.tokens["alpha-tenant-admin"], "view": "job", "id": world.jobs["beta"]}, 4404),
         ({"token": "phx_000000000000_nope", "view": "jobs"}, 4401),

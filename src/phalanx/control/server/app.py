@@ -315,13 +315,16 @@ def create_app(server: Server) -> FastAPI:
         await ws.accept()
         try:
             ask = await ws.receive_json()
-            view = {"jobs": dashboard.jobs, "fleet": lambda c: dashboard.fleet(c, server.capacity)}.get(
-                ask.get("view"), lambda c: dashboard.job(c, str(ask.get("id")))
-            )
-            token = f"Bearer {ask.get('token', '')}"
-            if ask.get("view") not in ("jobs", "fleet", "job"):
+            ask = ask if isinstance(ask, dict) else {}
+            view = {
+                "jobs": dashboard.jobs,
+                "fleet": lambda c: dashboard.fleet(c, server.capacity),
+                "job": lambda c: dashboard.job(c, str(ask.get("id"))),
+            }.get(ask.get("view"))
+            if view is None:
                 await ws.close(4422, "view: give jobs, fleet or job")
                 return
+            token = f"Bearer {ask.get('token', '')}"
 
             def compute() -> dict[str, Any]:
                 with server.scope(token) as caller:
@@ -339,7 +342,7 @@ def create_app(server: Server) -> FastAPI:
                     sent = now
                 with contextlib.suppress(TimeoutError):  # the pause, or the client's leaving
                     await asyncio.wait_for(ws.receive_text(), LIVE_S)
-        except (WebSocketDisconnect, ValueError, AttributeError):
+        except (WebSocketDisconnect, ValueError):  # gone, or not JSON
             return
 
     @app.get("/", include_in_schema=False)

@@ -88,38 +88,40 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     their causes, the goodput breakdown, the timeline, the ranks that have logs, and the stack dumps."""
     found = caller.job(job_id)
     runs = views.run_dirs(caller, found)
-    steps: list[dict[str, Any]] = []
-    marks: list[dict[str, Any]] = []  # where an attempt began and where a step was bad
-    for execution, run in runs:
-        events = list(read_jsonl(run.events)) if run.events.is_file() else []
-        starts = {e["attempt"]: e["ts"] for e in events if e["kind"] == "attempt_started"}
-        for attempt, at in sorted(starts.items()):
-            marks.append({"kind": "attempt", "execution": execution, "attempt": attempt, "ts": at})
-        for e in events:
-            if e["kind"] in ("bad_step_skipped", "bad_step_rollback"):
-                marks.append({"kind": "bad_step", "execution": execution, "ts": e["ts"], "why": e["problem"]})
-        for m in read_jsonl(run.metrics) if run.metrics.is_file() else []:
-            steps.append({"execution": execution, "step": m["step"], "ts": m["ts"], **{k: m.get(k) for k in SERIES}})
+    events = views.events(runs)
+    marks = [  # where an attempt began, and where a step was bad
+        {"kind": "attempt", "execution": e["execution"], "attempt": e["attempt"], "ts": e["ts"]}
+        for e in events
+        if e["kind"] == "attempt_started"
+    ] + [
+        {"kind": "bad_step", "execution": e["execution"], "ts": e["ts"], "why": e["problem"]}
+        for e in events
+        if e["kind"] in ("bad_step_skipped", "bad_step_rollback")
+    ]
+    steps = [
+        {"execution": m["execution"], "step": m["step"], "ts": m["ts"], **{k: m.get(k) for k in SERIES}}
+        for m in views.metrics(runs)
+    ]
     timeline = [
         {"ts": t.at, "kind": "state", "text": f"{t.from_state or 'new'} -> {t.to_state}: {t.cause}"}
         for t in caller.transitions(found)
     ] + [
         {"ts": e["ts"], "kind": e["kind"], "execution": e["execution"], "text": _describe(e)}
-        for e in views.events(runs)
+        for e in events
         if e["kind"] != "checkpoint_committed"
     ]
     restarts = [
         {"execution": e["execution"], "ts": e["ts"], "cause": e.get("category", "crash"), "reason": e["reason"]}
-        for e in views.events(runs)
+        for e in events
         if e["kind"] == "restart_scheduled"
     ]
     latest = runs[-1][1] if runs else None
     stacks = {}
-    if latest is not None:
-        for path in sorted(latest.logs.glob("rank-*.stacks.txt")):
-            if text := path.read_text(errors="replace").strip():
-                stacks[path.name.split(".")[0].removeprefix("rank-")] = text[-20_000:]
-    ranks = sorted(int(p.name.split("-")[1].split(".")[0]) for p in latest.logs.glob("rank-*.log")) if latest else []
+    for rank in views.log_ranks(latest):  # a rank's Python stacks, dumped when the job was found hung
+        dump = latest.stacks(rank)
+        text = dump.read_text(errors="replace").strip() if dump.is_file() else ""
+        if text:
+            stacks[str(rank)] = text[-20_000:]
     if len(steps) > MAX_POINTS:  # what a chart can show; the API's /metrics has every step
         stride = -(-len(steps) // MAX_POINTS)
         steps = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
@@ -130,7 +132,7 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
         "restarts": restarts,
         "goodput": views.goodput(runs),
         "timeline": sorted(timeline, key=lambda e: e["ts"]),
-        "ranks": ranks,
+        "ranks": views.log_ranks(latest),
         "stacks": stacks,
         "final": found.state in FINAL,
     }

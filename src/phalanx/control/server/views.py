@@ -44,7 +44,7 @@ def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int, execution: int | N
     run = dict(runs).get(execution) if execution is not None else None
     if run is None and execution is not None and execution != latest:
         raise NotFound("execution", execution)
-    ranks = sorted(int(p.name.split("-")[1].split(".")[0]) for p in run.logs.glob("rank-*.log")) if run else []
+    ranks = log_ranks(run)
     path = run.log(rank) if run is not None else None
     size = path.stat().st_size if path is not None and path.is_file() else 0
     data = b""
@@ -56,6 +56,11 @@ def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int, execution: int | N
         rank=rank, execution=execution, latest=latest, offset=offset, next_offset=offset + len(data), size=size,
         text=data.decode(errors="replace"), job_ended=job.state in FINAL, ranks=ranks,
     )  # fmt: skip
+
+
+def log_ranks(run: RunDir | None) -> list[int]:
+    """The ranks that have a log in ``run``."""
+    return sorted(int(p.name.split("-")[1].split(".")[0]) for p in run.logs.glob("rank-*.log")) if run else []
 
 
 def events(runs: list[tuple[int, RunDir]]) -> list[dict[str, Any]]:
