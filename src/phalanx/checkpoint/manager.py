@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from phalanx.checkpoint.directory import CheckpointDir
 from phalanx.checkpoint.staging import Staging
+from phalanx.resilience.inprocess import NoRecovery
 from phalanx.spec.model import Checkpoint
 
 
@@ -114,6 +115,18 @@ class CheckpointManager:
             _, future = self._pending
             self._pending = self._staged = None
             future.result()
+
+    def abandon(self, timeout_s: float) -> None:
+        """After a peer died: let the save in flight end (its collectives fail without the peer; it never
+        commits) and stop the writer. Its process group is left to whoever destroys the broken groups."""
+        if self._pending is not None:
+            _, future = self._pending
+            self._pending = self._staged = None
+            try:
+                future.exception(timeout=timeout_s)
+            except TimeoutError:
+                raise NoRecovery(f"a checkpoint save still waits on the dead peer after {timeout_s:g} s") from None
+        self._thread.shutdown()
 
     def _write(self, step: int, state: dict[str, Any], started: float | None) -> None:
         """Write ``state`` as step ``step``'s checkpoint and commit it (all ranks, on the save group)."""

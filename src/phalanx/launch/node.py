@@ -83,8 +83,36 @@ def worker_argv(spec: JobSpec) -> list[str]:
 
 def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[Worker]:
     """The workers ``node`` runs in ``plan``, each with the torchrun environment of its rank."""
-    group_rank = plan.group_rank(node)
-    base = {
+    base = _node_env(plan, node, spec, run_dir)
+    workers = []
+    for local_rank, rank in enumerate(plan.ranks(node)):
+        run_dir.error_file(rank).unlink(missing_ok=True)
+        workers.append(
+            Worker(rank, worker_argv(spec), {**base, **rank_env(rank, local_rank, run_dir)}, run_dir.log(rank))
+        )
+    return workers
+
+
+def spare_worker(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir, spare: int) -> Worker:
+    """Warm spare number ``spare`` of ``node``: the node's environment without a rank, which the supervisor
+    gives it (``rank_env``) when it takes a failed rank's place."""
+    env = {**_node_env(plan, node, spec, run_dir), "PHALANX_SPARE": str(spare)}
+    return Worker(-1, worker_argv(spec), env, run_dir.spare_log(spare), spare=spare)
+
+
+def rank_env(rank: int, local_rank: int, run_dir: RunDir) -> dict[str, str]:
+    """The variables that make a worker of the node one rank."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "ROLE_RANK": str(rank),
+        "TORCHELASTIC_ERROR_FILE": str(run_dir.error_file(rank)),
+        "PHALANX_STACKS_FILE": str(run_dir.stacks(rank)),
+    }
+
+
+def _node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str, str]:
+    return {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.procs))),
         **spec.env,
@@ -93,7 +121,7 @@ def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[
         "MASTER_PORT": str(plan.master_port),
         "WORLD_SIZE": str(plan.world_size),
         "LOCAL_WORLD_SIZE": str(plan.procs),
-        "GROUP_RANK": str(group_rank),
+        "GROUP_RANK": str(plan.group_rank(node)),
         "GROUP_WORLD_SIZE": str(len(plan.members)),
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": str(plan.world_size),
@@ -110,17 +138,3 @@ def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[
         "PHALANX_NODE_RANK": str(node),
         "PHALANX_CHECKPOINT_DIR": run_dir.checkpoint_location(spec.checkpoint.dir),
     }
-    workers = []
-    for local_rank, rank in enumerate(plan.ranks(node)):
-        error_file = run_dir.error_file(rank)
-        error_file.unlink(missing_ok=True)
-        env = {
-            **base,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "ROLE_RANK": str(rank),
-            "TORCHELASTIC_ERROR_FILE": str(error_file),
-            "PHALANX_STACKS_FILE": str(run_dir.stacks(rank)),
-        }
-        workers.append(Worker(rank, worker_argv(spec), env, run_dir.log(rank)))
-    return workers

@@ -34,6 +34,7 @@ from torch.distributed import TCPStore
 from phalanx.launch.fleet import AttemptRun, Fleet, LaunchError, NodeLost, RankFailed, this_agent
 from phalanx.launch.membership import Membership
 from phalanx.launch.node import Plan, node_workers, worker_argv
+from phalanx.launch.recovery import InProcessRecovery
 from phalanx.launch.rendezvous import Heartbeat, Rendezvous, host_store, join_store
 from phalanx.launch.workers import describe_exit
 from phalanx.obs import EventLog
@@ -218,10 +219,11 @@ class Supervisor:
         """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
         (a user error, or the restart budget is spent). Each restart resumes from the last valid checkpoint."""
         policy = self.spec.resilience
-        attempt = restarts = 0
+        attempt = 0
         while True:
             result, failure = self._attempt(attempt)
             attempt += 1
+            restarts = self.restarts  # in-process recoveries count too
             result = replace(result, restarts=restarts)
             if failure is None:
                 return result
@@ -275,8 +277,21 @@ class Supervisor:
         store = host_store(self.fleet.me.addr, 0, STORE_TIMEOUT_S)
         plan = self.members.plan(attempt, store.port)
         me = self.fleet.me.node
-        local = node_workers(plan, me, self.members.attempt_spec, self.run_dir) if me in plan.members else []
+        spec = self.members.attempt_spec
+        local = node_workers(plan, me, spec, self.run_dir) if me in plan.members else []
         run = AttemptRun(self.fleet, plan, local, self.console.line)
+        recovery = None
+        if spec.resilience.in_process and me in plan.members:
+            recovery = InProcessRecovery(spec, plan, me, self.run_dir, run.group, store)
+        try:
+            return self._run_attempt(attempt, store, plan, run, recovery)
+        finally:
+            if recovery is not None:
+                recovery.stop_spares()
+
+    def _run_attempt(
+        self, attempt: int, store: TCPStore, plan: Plan, run: AttemptRun, recovery: InProcessRecovery | None
+    ) -> tuple[RunResult, Failure | None]:
         where = f"{plan.world_size} worker(s) on {self.device}"
         if self.multi_node:
             where += f" on {len(plan.members)} node(s) ({', '.join(self.fleet.name(n) for n in plan.members)})"
@@ -295,6 +310,8 @@ class Supervisor:
         )
         if lost is not None:
             return self._stop_on_lost(run, lost)
+        if recovery is not None:
+            recovery.start_spares()
         self.hangs.reset()
         self.stragglers.reset()
         next_hang_check = time.monotonic()
@@ -310,7 +327,15 @@ class Supervisor:
             if isinstance(how, NodeLost):
                 return self._stop_on_lost(run, how)
             if isinstance(how, RankFailed):
+                if recovery is not None and self._recover_in_process(run, how, store, recovery):
+                    continue
                 return self._stop_on_failure(run, how, store)
+            if recovery is not None and (pending := recovery.pending) is not None:
+                if recovery.done():
+                    took = time.monotonic() - pending.began
+                    self.say(f"recovered in process: every rank restored {took:.2f} s after rank {pending.rank} died")
+                elif recovery.overdue():
+                    return self._stop_on_stalled_recovery(run, recovery)
             if ended:
                 run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)  # nothing left running: collects exits
                 self.say(f"succeeded: all {plan.world_size} worker(s) exited with code 0")
@@ -452,6 +477,76 @@ class Supervisor:
             Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=first.rank, failed_node=first.node
         )
         return result, failure
+
+    def _recover_in_process(
+        self, run: AttemptRun, first: RankFailed, store: TCPStore, recovery: InProcessRecovery
+    ) -> bool:
+        """A rank died: put a warm spare in its place and let the survivors recover in their processes (see
+        launch/recovery.py). False: this failure takes the restart path (a user error, the restart budget
+        spent, or a reason recovery gives), which says why."""
+        detail = recorded_error(self.run_dir.error_file(first.rank))
+        failure = classify_exit(first.returncode, detail)
+        policy = self.spec.resilience
+        if not failure.retryable or self.restarts >= policy.max_restarts:
+            return False
+        plan = run.plan
+        steps = [s for r in range(plan.world_size) if (s := last_step(store, r)) is not None]
+        reached = max(steps, default=-1) + 1
+        step = last_step(store, first.rank)
+        cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
+        if (why := recovery.refuse(reached)) is not None:
+            self.say(f"rank {first.rank} {cause}; not recovering in process: {why}")
+            self.events.emit("in_process_refused", rank=first.rank, why=why)
+            return False
+        self.events.emit(
+            "worker_failed",
+            rank=first.rank,
+            node=first.node,
+            pid=first.pid,
+            returncode=first.returncode,
+            error=detail or None,
+            failure=failure.kind,
+            then=[],
+        )
+        pending = recovery.begin(first.rank, reached)
+        assert pending.spare.proc is not None
+        self.restarts += 1
+        run.pids[first.rank] = pending.spare.proc.pid
+        self.say(
+            f"rank {first.rank} (pid {first.pid}) {cause}; recovery {self.restarts}/{policy.max_restarts} in "
+            f"process: a warm spare (pid {pending.spare.proc.pid}) takes rank {first.rank}, the state comes "
+            "from memory"
+        )
+        self.events.emit(
+            "recovery_started",
+            attempt=plan.attempt,
+            restart=self.restarts,
+            generation=pending.generation,
+            rank=first.rank,
+            pids=run.pids,
+            failure=failure.kind,
+            cause=failure.why,
+            category=failure.category,
+            reason=f"rank {first.rank} {cause}",
+        )
+        self.hangs.reset()  # the ranks go back to the snapshot's step
+        return True
+
+    def _stop_on_stalled_recovery(self, run: AttemptRun, recovery: InProcessRecovery) -> tuple[RunResult, Failure]:
+        """A recovery in process did not finish in time (a survivor stuck in a collective gloo cannot abort,
+        a spare that did not join): kill the workers; the job restarts from its last checkpoint."""
+        pending, timeout = recovery.pending, self.spec.resilience.recovery_timeout_s
+        assert pending is not None
+        waiting = ", ".join(map(str, recovery.not_done()))
+        why = f"did not recover in process within {timeout:g} s (recovery_timeout_s; rank(s) {waiting} not back)"
+        self.say(f"rank {pending.rank}'s recovery {why}: killing the workers, restarting from the last checkpoint")
+        run.stop(signal.SIGKILL, 0)
+        self.events.emit("recovery_stalled", rank=pending.rank, generation=pending.generation, timeout_s=timeout)
+        reason = f"rank {pending.rank} {why}"
+        result = RunResult(
+            Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_rank=pending.rank, failed_node=self.fleet.me.node
+        )
+        return result, Failure(Kind.INFRASTRUCTURE, reason, "hang")
 
     def _stop_on_signal(self, run: AttemptRun) -> RunResult:
         sig = self._signals[0]

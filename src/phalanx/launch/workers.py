@@ -41,7 +41,12 @@ class Worker:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     exited_at: float | None = None  # monotonic time the exit was seen, to order failures
+    spare: int | None = None  # a warm spare of in-process recovery, until it is given ``rank``
     _pump: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"spare{self.spare}" if self.spare is not None else f"rank{self.rank}"
 
     @property
     def returncode(self) -> int | None:
@@ -65,21 +70,23 @@ class WorkerGroup:
 
     def start(self, header: str) -> None:
         for w in self.workers:
-            log = w.log_path.open("ab")
+            self.start_one(w, header)
+
+    def start_one(self, w: Worker, header: str) -> None:
+        with w.log_path.open("ab") as log:
             log.write(f"===== {header} =====\n".encode())
-            log.flush()
-            w.proc = subprocess.Popen(
-                w.argv,
-                env=dict(w.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()) if sys.platform == "linux" else None,
-            )
-            w._pump = threading.Thread(target=self._pump, args=(w, log), name=f"rank{w.rank}-output", daemon=True)
-            w._pump.start()
-            threading.Thread(target=self._reap, args=(w,), name=f"rank{w.rank}-reaper", daemon=True).start()
+        w.proc = subprocess.Popen(
+            w.argv,
+            env=dict(w.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()) if sys.platform == "linux" else None,
+        )
+        w._pump = threading.Thread(target=self._pump, args=(w,), name=f"{w.name}-output", daemon=True)
+        w._pump.start()
+        threading.Thread(target=self._reap, args=(w,), name=f"{w.name}-reaper", daemon=True).start()
 
     @staticmethod
     def _reap(w: Worker) -> None:
@@ -88,15 +95,21 @@ class WorkerGroup:
         w.proc.wait()
         w.exited_at = time.monotonic()
 
-    def _pump(self, w: Worker, log) -> None:
-        """Tee the worker's output until every holder of its pipe has closed it."""
+    def _pump(self, w: Worker) -> None:
+        """Tee the worker's output until every holder of its pipe has closed it; into the log of the rank it
+        is (a spare's own log until it takes a rank's place)."""
         assert w.proc is not None and w.proc.stdout is not None
-        prefix = f"[rank{w.rank}]: "
-        with log:
+        path, log = w.log_path, w.log_path.open("ab")
+        try:
             for raw in w.proc.stdout:
+                if w.log_path != path:
+                    log.close()
+                    path, log = w.log_path, w.log_path.open("ab")
                 log.write(raw)
                 log.flush()
-                self._show(prefix + raw.decode(errors="replace").rstrip("\n"))
+                self._show(f"[{w.name}]: " + raw.decode(errors="replace").rstrip("\n"))
+        finally:
+            log.close()
 
     def exited(self) -> list[Worker]:
         """Workers whose exit has been seen, earliest first."""

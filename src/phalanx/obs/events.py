@@ -10,6 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# The events that begin a recovery from a failure: a restart of every process from the last checkpoint, or an
+# in-process recovery (a warm spare in the failed rank's place). Both carry restart, failure, cause, category
+# and reason.
+RESTARTS = ("restart_scheduled", "recovery_started")
+
 
 class JsonlLog:
     def __init__(self, path: str | Path):

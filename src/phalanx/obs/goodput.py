@@ -9,7 +9,8 @@ the wall time:
                    time of the steps that ran beside a background write (see ``write_overhead``)
     data           training waiting for its next batch
     detection      from a failed attempt's last step to the failure being seen and its workers stopped
-    recovery       from then to the next attempt's first step: backoff, start-up, checkpoint load
+    recovery       from then to the next attempt's first step: backoff, start-up, checkpoint load; or, in
+                   process, to the first step after the spare joined and the state came back from memory
     idle           the first attempt's start-up, the end of the run (final save, shutdown), and runs
                    that report no steps
 
@@ -31,6 +32,9 @@ from phalanx.obs.rundir import RunDir
 
 CATEGORIES = ("productive", "lost", "checkpoint", "data", "detection", "recovery", "idle")
 FAILURES = ("worker_failed", "hang_detected", "node_lost")
+# What starts a stretch of steps: an attempt, or an in-process recovery within one (its survivors go back to
+# their snapshot's step, so steps after it may redo steps before it).
+SEGMENTS = ("attempt_started", "recovery_started")
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,12 @@ class Ledger:
         return {"wall_s": self.wall_s, "goodput": self.goodput, "seconds": self.seconds}
 
 
-def steps_by_attempt(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    """Rank 0's step records grouped by the attempt that wrote them (the last attempt started before each)."""
-    attempts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+def steps_by_attempt(
+    events: list[dict[str, Any]], metrics: list[dict[str, Any]], starts: tuple[str, ...] = ("attempt_started",)
+) -> dict[int, list[dict[str, Any]]]:
+    """Rank 0's step records grouped by the attempt that wrote them (the last attempt started before each).
+    ``starts``: the events that begin a group (with ``SEGMENTS``, an in-process recovery begins one too)."""
+    attempts = [e["ts"] for e in events if e["kind"] in starts]
     grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for m in metrics:
         grouped[sum(1 for ts in attempts if ts <= m["ts"]) - 1].append(m)
@@ -78,7 +85,7 @@ def ledger(run: RunDir) -> Ledger:
     # A run still going ends, so far, at what it last wrote: its last event or its last step.
     so_far = max(events[-1]["ts"], metrics[-1]["ts"] if metrics else 0.0)
     end = next((e["ts"] for e in events if e["kind"] == "run_finished"), so_far)
-    attempts = [e["ts"] for e in events if e["kind"] == "attempt_started"]
+    attempts = [e["ts"] for e in events if e["kind"] in SEGMENTS]
     failures = [e["ts"] for e in events if e["kind"] in FAILURES]
     seconds = dict.fromkeys(CATEGORIES, 0.0)
 
@@ -86,7 +93,7 @@ def ledger(run: RunDir) -> Ledger:
     # last execution of a step index is the one kept.
     executions: list[tuple[int, float, dict[str, Any], float, float, float]] = []
     last_of: dict[int, int] = {}
-    by_attempt = steps_by_attempt(events, metrics)
+    by_attempt = steps_by_attempt(events, metrics, SEGMENTS)
     for attempt in sorted(by_attempt):
         previous_end, parts = None, []
         for m in by_attempt[attempt]:

@@ -47,3 +47,12 @@ def peak_memory_bytes(device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set size now (Linux), unlike the peak: what shows whether memory is given back."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return None

@@ -9,6 +9,7 @@ runs/<name>/<run id>/
     logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended
     logs/rank-<r>.error.json  the root cause a rank recorded with torch's @record, if any
     logs/rank-<r>.stacks.txt  every thread's Python stack, dumped when the rank was found hung
+    logs/spare-<i>.log a warm spare's output until it takes a rank's place (then that rank's log)
     checkpoints/       checkpoints, unless checkpoint.dir points elsewhere
 """
 
@@ -69,6 +70,9 @@ class RunDir:
 
     def log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
+
+    def spare_log(self, spare: int) -> Path:
+        return self.logs / f"spare-{spare}.log"
 
     def error_file(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.error.json"

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from phalanx.obs.events import read_jsonl
+from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import Ledger
 from phalanx.obs.progress import clock
 from phalanx.obs.rundir import RunDir
@@ -37,10 +37,19 @@ def summary(
     if last is not None:
         done = f"{last['step'] + 1}" + (f" of {total_steps}" if total_steps else "")
         row("steps", done + (f", last loss {last['loss']:.4f}" if last.get("loss") is not None else ""))
-    restarts = [e for e in events if e["kind"] == "restart_scheduled"]
+    restarts = [e for e in events if e["kind"] in RESTARTS]
+    recovered = {(e["attempt"], e["generation"]): e for e in events if e["kind"] == "recovered_in_process"}
     row("restarts", f"{len(restarts)}" + (":" if restarts else ""))
     for e in restarts:
-        row("", f"  {e['restart']}. {e.get('reason') or e['cause']} ({e['failure']})")
+        how = ""
+        if e["kind"] == "recovery_started":
+            done = recovered.get((e["attempt"], e["generation"]))
+            how = ", in process: " + (
+                f"a spare took rank {e['rank']}, step {done['step']} from memory in {done['took_s']:.2f} s"
+                if done is not None
+                else "not finished"
+            )
+        row("", f"  {e['restart']}. {e.get('reason') or e['cause']} ({e['failure']}){how}")
     for e in events:
         if e["kind"] == "shrunk":
             row("", f"  shrunk to {e['procs']} process(es) without slot {e['slot']}")

@@ -69,7 +69,9 @@ def current_attempt(run: RunDir) -> Attempt:
     if not started:
         raise ChaosError(f"the run in {run.root} has not started its workers yet")
     last = started[-1]
-    pids = {int(r): int(p) for r, p in last["pids"].items()}
+    # In-process recoveries of the attempt put warm spares in dead ranks' places: the newest pids are theirs.
+    recovered = [e for e in events if e["kind"] == "recovery_started" and e["attempt"] == last["attempt"]]
+    pids = {int(r): int(p) for r, p in (recovered[-1] if recovered else last)["pids"].items()}
     return Attempt(last["attempt"], pids, last["rendezvous_addr"], int(last["rendezvous_port"]))
 
 

@@ -213,6 +213,24 @@ class Resilience(Strict):
     node_timeout_s: Annotated[float, Field(ge=1.0)] = Field(
         default=5.0, description="a node whose agent died (its machine gone) is found lost within this (multi-node)"
     )
+    in_process: bool = Field(
+        default=False,
+        description="when a rank crashes, the others keep their processes, a warm spare takes its place and the "
+        "state comes back from the ranks' memory; what that cannot handle falls back to a restart (built-in "
+        "recipe, one node; docs/failures.md)",
+    )
+    warm_spares: PositiveInt = Field(
+        default=1,
+        description="with in_process: processes kept started (torch imported), each ready to take a rank's place",
+    )
+    memory_every_steps: PositiveInt = Field(
+        default=1,
+        description="with in_process: every this many steps each rank copies its state to memory and to a "
+        "neighbour rank; a recovery loses at most the steps since",
+    )
+    recovery_timeout_s: PositiveFloat = Field(
+        default=30.0, description="with in_process: a recovery not done in this long falls back to a restart"
+    )
 
 
 SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
@@ -301,7 +319,7 @@ class JobSpec(Strict):
         if (self.train is None) == (self.command is None):
             return [("train|command", "give exactly one: `train:` (the built-in recipe) or `command:` (a script)")]
         if self.train is None:
-            return []
+            return self._in_process_issues()
         world = self.resources.world_size
         p, t = self.train.parallel, self.train
         fixed = p.dp_replicate * p.tp * (p.dp_shard if p.dp_shard != -1 else 1)
@@ -317,7 +335,7 @@ class JobSpec(Strict):
                 )
             ]
         dp = p.resolved(world).dp
-        issues = []
+        issues = self._in_process_issues()
         step = t.micro_batch * dp
         if t.global_batch % step:
             issues.append(
@@ -338,6 +356,38 @@ class JobSpec(Strict):
                 )
             )
         return issues
+
+    def _in_process_issues(self) -> list[tuple[str, str]]:
+        """In-process recovery rebuilds the recipe's own state, on one node, from the other ranks' memory."""
+        res = self.resources
+        if not self.resilience.in_process:
+            return []
+        if self.command is not None:
+            return [
+                (
+                    "resilience.in_process",
+                    "true with `command:`: in-process recovery rebuilds the built-in recipe's state, which a "
+                    "script's is not; use `train:`, or in_process: false",
+                )
+            ]
+        if res.nodes + res.spare_nodes > 1:
+            return [
+                (
+                    "resilience.in_process",
+                    f"true with resources.nodes = {res.nodes} (spare_nodes = {res.spare_nodes}): in-process "
+                    "recovery runs on one node for now; use nodes: 1, or in_process: false (a failed node's job "
+                    "restarts from its last checkpoint)",
+                )
+            ]
+        if res.world_size < 2:
+            return [
+                (
+                    "resilience.in_process",
+                    "true with a world of 1 process: no rank would survive to keep the state; use "
+                    "procs_per_node >= 2, or in_process: false",
+                )
+            ]
+        return []
 
     @property
     def parallel(self) -> Parallel | None:

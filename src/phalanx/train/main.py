@@ -1,13 +1,18 @@
 """Entry point of a built-in-recipe worker: ``python -m phalanx.train.main`` (the supervisor runs it)."""
 
+import os
+
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from phalanx.spec import load_spec
 from phalanx.train.sdk import init
-from phalanx.train.trainer import Trainer
+from phalanx.train.trainer import Trainer, warm_up
 
 
 @record
 def main() -> None:
+    if "PHALANX_SPARE" in os.environ:  # a warm spare of in-process recovery: warm, then wait for a rank
+        warm_up(load_spec(os.environ["PHALANX_SPEC"]))
     ctx = init()
     Trainer(ctx).fit()
     ctx.close()

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.obs import EventLog, JsonlLog, RunDir
+from phalanx.resilience import inprocess
 from phalanx.spec import JobSpec, load_spec
 
 HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
@@ -36,6 +37,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     attempt: int = 0
+    generation: int = 0  # in-process recoveries of this attempt so far: whose process group this rank is in
     run_dir: RunDir | None = None
     spec: JobSpec | None = None
     _store: dist.Store | None = field(default=None, repr=False)
@@ -79,6 +81,19 @@ class WorkerContext:
         if self._events is not None:
             self._events.emit(kind, attempt=self.attempt, **fields)
 
+    @property
+    def store(self) -> dist.Store:
+        """The attempt's store, which the supervisor hosts (only under a supervisor)."""
+        if self._store is None:
+            raise RuntimeError("not run by phalanx: there is no supervisor's store")
+        return self._store
+
+    def rejoin(self, generation: int) -> None:
+        """In-process recovery: leave every process group, join ``generation``'s with the same rank."""
+        inprocess.leave()
+        inprocess.join(self.store, generation, self.rank, self.world_size, self.device)
+        self.generation = generation
+
     def close(self) -> None:
         """Leave the job cleanly, all ranks together (a gloo group torn down while a peer still talks can abort).
         Call it on success only: after a failure a peer may never reach the barrier; just exit."""
@@ -99,21 +114,34 @@ def _dump_stacks_on_sigusr1(path: Path) -> None:
 
 
 def init(device: str | None = None) -> WorkerContext:
-    """Join the job: pick the device, initialise the default process group (NCCL on CUDA, gloo on CPU)."""
+    """Join the job: pick the device, initialise the default process group (NCCL on CUDA, gloo on CPU).
+
+    A warm spare of in-process recovery (PHALANX_SPARE) first waits, torch imported, until the supervisor
+    gives it a failed rank's place; it then joins that recovery's process group under that rank."""
     env = os.environ
     device_type = device or env.get("PHALANX_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    store: dist.Store | None = None
+    generation = 0
+    if "RANK" in env or "PHALANX_SPARE" in env:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
+    if "PHALANX_SPARE" in env:
+        assert store is not None
+        given = inprocess.assignment(store, int(env["PHALANX_SPARE"]))
+        env.update(given["env"])  # the rank's own variables: RANK, LOCAL_RANK, its error and stacks files
+        generation = given["generation"]
     local_rank = int(env.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         dev, backend = torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
     else:
         dev, backend = torch.device("cpu"), "gloo"
-    if "RANK" in env:
+    if generation:
+        assert store is not None
+        inprocess.join(store, generation, int(env["RANK"]), int(env["WORLD_SIZE"]), dev)
+    elif "RANK" in env:
         dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
-        store: dist.Store | None = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        store = None
     if "PHALANX_STACKS_FILE" in env:
         _dump_stacks_on_sigusr1(Path(env["PHALANX_STACKS_FILE"]))
     run_dir = RunDir(Path(env["PHALANX_RUN_DIR"])) if "PHALANX_RUN_DIR" in env else None
@@ -124,6 +152,7 @@ def init(device: str | None = None) -> WorkerContext:
         world_size=dist.get_world_size(),
         device=dev,
         attempt=int(env.get("PHALANX_ATTEMPT", "0")),
+        generation=generation,
         run_dir=run_dir,
         spec=load_spec(env["PHALANX_SPEC"]) if "PHALANX_SPEC" in env else None,
         _store=store,

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import NoReturn
@@ -17,13 +18,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from phalanx.checkpoint import CheckpointManager
+from phalanx.checkpoint.memory import PeerMemory, restore, serialize
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
-from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
+from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes, resident_bytes
 from phalanx.obs.progress import step_line
-from phalanx.spec import SpecError, dump_spec
-from phalanx.spec.model import Optimizer
+from phalanx.resilience import inprocess
+from phalanx.resilience.inprocess import peer_lost
+from phalanx.spec import JobSpec, SpecError, dump_spec
+from phalanx.spec.model import Optimizer, Parallel
 from phalanx.train.guard import LossGuard
+from phalanx.train.models.llama import PRESETS
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config, vocabulary_issue
 from phalanx.train.sdk import WorkerContext
@@ -74,21 +79,35 @@ def _checkpoint_dir(ctx: WorkerContext) -> str:
     return ctx.run_dir.checkpoint_location(ctx.spec.checkpoint.dir)
 
 
+def warm_up(spec: JobSpec) -> None:
+    """A warm spare, before it waits: run the recipe's code paths once (mesh, FSDP, a step of AdamW, a memory
+    snapshot and its restore) on a miniature of the model, in a process group of its own. Taking a failed
+    rank's place then costs the model's build without the first calls' overhead (lazy imports and
+    initialisation, dispatch caches: about a second on a CPU), which the survivors would wait for."""
+    assert spec.train is not None
+    hook = sys.excepthook  # init_process_group prefixes it with this group's rank ("[rank0]"): not the spare's
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        alone = Parallel(dp_replicate=1, dp_shard=1, tp=1)
+        cfg = dataclasses.replace(PRESETS["llama-tiny"], tie_embeddings=model_config(spec).tie_embeddings)
+        model = build_model(cfg, build_mesh("cpu", alone), spec.train, torch.device("cpu"), on_meta=False)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        tokens = torch.zeros(1, 9, dtype=torch.long)
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()
+        state = {"train": ModelAndOptimizer(model, optimizer), "rng": RNG()}
+        restore(serialize(state), state, model)
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+
 class Trainer:
     def __init__(self, ctx: WorkerContext):
         assert ctx.spec is not None and ctx.spec.train is not None and ctx.spec.parallel is not None
         self.ctx, self.train, self.parallel = ctx, ctx.spec.train, ctx.spec.parallel
         t = self.train
         self.cfg = model_config(ctx.spec)
-        self.mesh = build_mesh(ctx.device.type, self.parallel)
-        # Seeded: the same initial weights on every rank, and the same as a 1-process run.
-        self.model = build_model(self.cfg, self.mesh, t, ctx.device, on_meta=ctx.device.type == "cuda")
-        self.compute = ForwardComputeTimer(list(self.model.layers.values()), ctx.device)
-        o = t.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(o, t.steps, s))
         self.data = self._data_source()
         self.accum_steps = t.global_batch // (t.micro_batch * self.parallel.dp)
         # Without FSDP there is no mixed-precision policy to cast for us: autocast does it.
@@ -106,6 +125,34 @@ class Trainer:
         self._bad_in_a_row = 0
         self._checkpoint_s = 0.0
         self._last_step_end: float | None = None
+        self._build()
+        resilience = ctx.spec.resilience
+        # In-process recovery: the state in memory, this rank's and a neighbour's (checkpoint/memory.py).
+        self.memory = PeerMemory(resilience.memory_every_steps) if resilience.in_process else None
+        if ctx.generation > 0:  # a warm spare that took a failed rank's place: the state comes from its peers
+            decided = inprocess.decision(ctx.store, ctx.generation, resilience.recovery_timeout_s)
+            self._restore_from_memory(joiner=ctx.rank, reached=decided["reached"])
+        elif (latest := self.checkpoints.latest_valid()) is not None:
+            self.checkpoints.load(latest, self.state)
+            self._say(f"resumed from {latest.path} at step {self.progress.step}")
+        self.batches = self._batches()
+        if ctx.is_main:
+            print(self.describe(), flush=True)
+
+    def _build(self) -> None:
+        """What lives on the process group: the mesh, the sharded model and its optimizer, the checkpoints.
+        Built again by an in-process recovery, on the new group."""
+        ctx, t = self.ctx, self.train
+        assert ctx.spec is not None
+        self.mesh = build_mesh(ctx.device.type, self.parallel)
+        # Seeded: the same initial weights on every rank, and the same as a 1-process run.
+        self.model = build_model(self.cfg, self.mesh, t, ctx.device, on_meta=ctx.device.type == "cuda")
+        self.compute = ForwardComputeTimer(list(self.model.layers.values()), ctx.device)
+        o = t.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(o, t.steps, s))
         self.checkpoints = CheckpointManager(
             _checkpoint_dir(ctx),
             ctx.spec.checkpoint,
@@ -122,12 +169,11 @@ class Trainer:
             "rng": RNG(),
             "progress": self.progress,
         }
-        if (latest := self.checkpoints.latest_valid()) is not None:
-            self.checkpoints.load(latest, self.state)
-            self._say(f"resumed from {latest.path} at step {self.progress.step}")
-        self.batches = Prefetcher(self.data, t.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step)
-        if ctx.is_main:
-            print(self.describe(), flush=True)
+
+    def _batches(self) -> Prefetcher:
+        """The global batches from the current step on, this rank's share of each."""
+        t = self.train
+        return Prefetcher(self.data, t.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step)
 
     def _data_source(self) -> BatchSource:
         """The spec's datasets, or the synthetic token source when the spec names none."""
@@ -228,22 +274,97 @@ class Trainer:
     def fit(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
+            # Resumed from a checkpoint: snapshot at once, so that a rank lost before the first snapshot is
+            # recovered too. (Not with a fresh optimizer: reading its state dict would initialise its state.)
+            if self.memory is not None and not self.memory.steps() and self.optimizer.state:
+                self.memory.take(self.progress.step, self.state)
             while self.progress.step < self.train.steps:
-                stats = self.train_step()
-                self.report(stats)
-                if stats.stop:
-                    self._save_and_stop()
-                if stats.problem is None:
-                    self._bad_in_a_row = 0
-                elif self._after_bad_step(stats):
-                    continue  # rolled back: progress is the checkpoint's step, saved already
-                if self.checkpoints.due(self.progress.step) or self.progress.step == self.train.steps:
-                    saving = time.perf_counter()
-                    self.checkpoints.save(self.progress.step, self.state)
-                    self._checkpoint_s += time.perf_counter() - saving
+                try:
+                    self._step()
+                except RuntimeError as e:
+                    if self.memory is None or not peer_lost(e):
+                        raise
+                    self._recover(e)
         finally:
             self.batches.close()
         self.checkpoints.close()
+
+    def _step(self) -> None:
+        """One step, and what follows it: the in-memory snapshot, the checkpoint, a bad step's handling."""
+        stats = self.train_step()
+        self.report(stats)
+        if stats.stop:
+            self._save_and_stop()
+        if stats.problem is None:
+            self._bad_in_a_row = 0
+        elif self._after_bad_step(stats):
+            return  # rolled back: progress is the checkpoint's step, saved already
+        step = self.progress.step
+        if self.memory is not None and self.memory.due(step):
+            taking = time.perf_counter()
+            self.memory.take(step, self.state)
+            self._checkpoint_s += time.perf_counter() - taking
+        if self.checkpoints.due(step) or step == self.train.steps:
+            saving = time.perf_counter()
+            self.checkpoints.save(step, self.state)
+            self._checkpoint_s += time.perf_counter() - saving
+
+    def _recover(self, error: RuntimeError) -> None:
+        """A peer died in a collective: wait for the supervisor's recovery (a warm spare in its place), join
+        its process group, rebuild on it and restore the state from memory. NoRecovery (the worker exits and
+        the job restarts from its checkpoint) when the supervisor does not recover in process."""
+        assert self.ctx.spec is not None and self.memory is not None
+        timeout = self.ctx.spec.resilience.recovery_timeout_s
+        began = time.perf_counter()
+        generation = self.ctx.generation + 1
+        try:
+            decided = inprocess.decision(self.ctx.store, generation, timeout)
+        except inprocess.NoRecovery as e:
+            raise inprocess.NoRecovery(f"{e}, after: {error}") from error
+        self.batches.close()
+        self.checkpoints.abandon(timeout)
+        del self.state, self.model, self.optimizer, self.scheduler, self.compute, self.checkpoints, self.mesh
+        self.ctx.rejoin(generation)
+        self._build()
+        self._restore_from_memory(joiner=decided["rank"], reached=decided["reached"], began=began)
+        self.batches = self._batches()
+        self._last_step_end = None
+
+    def _restore_from_memory(self, joiner: int, reached: int, began: float | None = None) -> None:
+        """Every rank of the new group: agree on the newest snapshot all survivors hold, hand the joiner its
+        rank's copy, load it, and snapshot again so that every rank's copy has a holder."""
+        assert self.ctx.spec is not None and self.memory is not None
+        ctx, memory = self.ctx, self.memory
+        began = time.perf_counter() if began is None else began
+        timeout = ctx.spec.resilience.recovery_timeout_s
+        mine = memory.steps() if ctx.rank != joiner else []
+        step = inprocess.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, timeout)
+        if ctx.rank == joiner:
+            blob = memory.receive(memory.holder)
+        else:
+            if memory.held_for == joiner:
+                memory.hand_over(step, joiner)
+            blob = memory.own[step]
+        restore(blob, self.state, self.model)
+        memory.clear()
+        memory.take(step, self.state)
+        ctx.store.set(inprocess.done_key(ctx.generation, ctx.rank), "1")
+        took = time.perf_counter() - began
+        self._say(
+            f"recovered in process: rank {joiner} replaced by a warm spare, state of step {step} restored from "
+            f"memory in {took:.2f} s (generation {ctx.generation})"
+        )
+        ctx.event(
+            "recovered_in_process",
+            generation=ctx.generation,
+            rank=joiner,
+            step=step,
+            lost_steps=max(0, reached - step),
+            took_s=took,
+            memory_bytes=memory.bytes(),  # the snapshots this rank holds: its own and its neighbour's
+            resident_bytes=resident_bytes(),  # with process_groups: what must stay flat over many recoveries
+            process_groups=len(dist.distributed_c10d._world.pg_map),
+        )
 
     def _after_bad_step(self, s: StepStats) -> bool:
         """Apply resilience.on_nan to a step whose loss or grad norm was NaN/Inf or whose loss spiked (its update

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from phalanx.control.server import views
 from phalanx.control.server.lifecycle import ACTIVE, FINAL, S
 from phalanx.control.store import Execution, Job, Scope
-from phalanx.obs.events import read_jsonl
+from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
 
@@ -68,7 +68,7 @@ def _summary(run: RunDir) -> tuple[float | None, int]:
         return cached[1]
     if not run.events.is_file():
         return None, 0
-    found = (ledger(run).goodput, sum(e["kind"] == "restart_scheduled" for e in read_jsonl(run.events)))
+    found = (ledger(run).goodput, sum(e["kind"] in RESTARTS for e in read_jsonl(run.events)))
     if key is not None:
         if len(_summaries) >= SUMMARIES_KEPT:
             _summaries.clear()
@@ -113,7 +113,7 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     restarts = [
         {"execution": e["execution"], "ts": e["ts"], "cause": e.get("category", "crash"), "reason": e["reason"]}
         for e in events
-        if e["kind"] == "restart_scheduled"
+        if e["kind"] in RESTARTS
     ]
     latest = runs[-1][1] if runs else None
     stacks = {}

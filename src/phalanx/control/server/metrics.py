@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from phalanx.control.server.lifecycle import ACTIVE, S
 from phalanx.control.server.views import last_line
 from phalanx.control.store import Job, Scope, Transition
-from phalanx.obs.events import read_jsonl
+from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
 
@@ -138,7 +138,7 @@ class ServerCollector(Collector):
             events = list(read_jsonl(run.events))
             causes: dict[str, int] = defaultdict(int)
             for e in events:
-                if e["kind"] == "restart_scheduled":
+                if e["kind"] in RESTARTS:
                     causes[e.get("category", "crash")] += 1
             for cause, n in sorted(causes.items()):
                 restarts.add_metric([*labels, cause], n)

@@ -1,0 +1,141 @@
+"""In-process recovery, the workers' side: a rank whose collective failed because a peer died keeps its
+process, leaves the broken process group, joins the next one (a fresh prefix of the attempt's store, the
+same ranks and world size, a warm spare in the dead rank's place) and restores its state from memory.
+
+Gloo cannot abort a collective in flight, so recovery is built on how its collectives end: a dead peer's
+sockets are closed by its kernel, and every collective waiting on it fails at once with a connection error
+(``peer_lost``); a survivor waiting only on other survivors fails when they leave the old group and close
+theirs. What does not end that way (a hung peer, a node whose machine vanished, a rank holding the GIL) is
+the supervisor's: no decision comes within ``resilience.recovery_timeout_s``, or the supervisor sees no
+rank done in that time, and the job falls back to a restart from its last checkpoint.
+
+Every exchange is a key of the attempt's c10d store, which the supervisor hosts:
+
+    phalanx/recovery/<g>             supervisor: generation g replaces rank ``rank`` by spare ``spare``
+    phalanx/recovery/<g>/have/<r>    survivor r of generation g: the snapshot steps it holds whole
+    phalanx/recovery/<g>/done/<r>    rank r has restored its state and trains in generation g
+    phalanx/spare/<i>/ready          spare i is warm and waiting
+    phalanx/spare/<i>/assign         supervisor: spare i is rank ``rank`` of generation ``generation``
+    phalanx/pg/<g>/...               generation g's process group (generation 0 is torch's env:// group)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import gc
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# How a gloo collective fails when a peer's process is gone (its sockets closed by its kernel).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+class NoRecovery(RuntimeError):
+    """In-process recovery cannot go on: the worker exits and the supervisor restarts the job."""
+
+
+def decision_key(generation: int) -> str:
+    return f"phalanx/recovery/{generation}"
+
+
+def have_key(generation: int, rank: int) -> str:
+    return f"phalanx/recovery/{generation}/have/{rank}"
+
+
+def done_key(generation: int, rank: int) -> str:
+    return f"phalanx/recovery/{generation}/done/{rank}"
+
+
+def ready_key(spare: int) -> str:
+    return f"phalanx/spare/{spare}/ready"
+
+
+def assign_key(spare: int) -> str:
+    return f"phalanx/spare/{spare}/assign"
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because a peer process died."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(s in text for s in PEER_GONE)
+
+
+def _get(store: dist.Store, key: str, timeout_s: float | None) -> dict[str, Any]:
+    if timeout_s is None:
+        while True:  # a spare waits as long as its attempt lasts
+            try:
+                store.wait([key], datetime.timedelta(seconds=3600))
+                break
+            except dist.DistStoreError:
+                continue
+    else:
+        try:
+            store.wait([key], datetime.timedelta(seconds=timeout_s))
+        except dist.DistStoreError:
+            raise NoRecovery(f"no word from the supervisor on {key} within {timeout_s:g} s") from None
+    return json.loads(store.get(key))
+
+
+def decision(store: dist.Store, generation: int, timeout_s: float) -> dict[str, Any]:
+    """Wait for the supervisor to start ``generation`` ({rank, spare}); NoRecovery if it does not."""
+    return _get(store, decision_key(generation), timeout_s)
+
+
+def assignment(store: dist.Store, spare: int) -> dict[str, Any]:
+    """Spare ``spare``: say it is ready, then wait until the supervisor gives it a rank ({rank, generation})."""
+    store.set(ready_key(spare), "1")
+    return _get(store, assign_key(spare), None)
+
+
+def leave() -> None:
+    """Destroy every process group of this process (the default one, the mesh's, the checkpoint's): their
+    sockets close, so a survivor still waiting in one of them fails too and joins the recovery."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _give_back_memory()
+
+
+def _give_back_memory() -> None:
+    """Free what the old groups, model and optimizer held and return it to the OS (glibc keeps freed memory
+    in its arenas otherwise): a process that recovers many times stays its size."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def join(store: dist.Store, generation: int, rank: int, world_size: int, device: torch.device) -> None:
+    """Join generation ``generation``'s process group."""
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    hook = sys.excepthook  # each init wraps it again to prefix "[rank<r>]"; a survivor keeps the one it has
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"phalanx/pg/{generation}", store),
+        rank=rank,
+        world_size=world_size,
+        device_id=device if device.type == "cuda" else None,
+    )
+    if getattr(hook, "__name__", "") == "_distributed_excepthook":
+        sys.excepthook = hook
+
+
+def agree(store: dist.Store, generation: int, rank: int, joiner: int, steps: list[int], timeout_s: float) -> int:
+    """The newest snapshot step every survivor holds whole; each survivor publishes ``steps`` (the joiner
+    none) and every rank reads them all. NoRecovery if there is none."""
+    world = dist.get_world_size()
+    if rank != joiner:
+        store.set(have_key(generation, rank), json.dumps(steps))
+    keys = [have_key(generation, r) for r in range(world) if r != joiner]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except dist.DistStoreError:
+        raise NoRecovery(f"the survivors did not say which snapshots they hold within {timeout_s:g} s") from None
+    common = set.intersection(*(set(json.loads(store.get(k))) for k in keys))
+    if not common:
+        raise NoRecovery("no snapshot is held whole by every survivor")
+    return max(common)

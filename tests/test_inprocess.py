@@ -1,0 +1,191 @@
+"""In-process recovery: a killed rank is replaced by a warm spare while the other ranks keep their processes,
+the state comes back from the ranks' memory, and the run ends exactly where an uninterrupted run ends. What
+it cannot handle falls back to a restart from the last checkpoint, and the events say which path was taken."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+from conftest import REPO, Job
+from phalanx.obs import read_jsonl
+from phalanx.resilience import inprocess
+from phalanx.spec import SpecError, parse_spec
+from test_resilience import _weights
+
+STEPS = 60
+
+
+def _spec(job: Job, ckpt: Path, steps: int = STEPS, in_process: bool = True, extra: str = "") -> Path:
+    return job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {steps}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        " optimizer: {lr: 3.0e-3, warmup_steps: 2}}\n"
+        f"checkpoint: {{dir: '{ckpt}', every_steps: 8, keep_last: 2}}\n"
+        "resilience: {max_restarts: 30, restart_backoff_s: 0, stop_grace_s: 5, hang_timeout_s: 3, "
+        f"in_process: {str(in_process).lower()}{extra}}}\n"
+    )
+
+
+def _launch(job: Job, spec: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Start ``phalanx run`` in the background, its output to a file (a long run would fill a pipe nobody reads
+    until the end); return it and its run directory once that exists."""
+    before = set((job.runs / "t").glob("*/events.jsonl"))
+    out = (job.tmp / "out.txt").open("w")
+    sup = subprocess.Popen(job.argv(spec), stdout=out, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    found = _wait(sup, "the run directory", lambda: set((job.runs / "t").glob("*/events.jsonl")) - before)
+    return sup, next(iter(found)).parent
+
+
+def _output(job: Job, sup: subprocess.Popen[str], timeout: float) -> str:
+    sup.wait(timeout=timeout)
+    return (job.tmp / "out.txt").read_text()
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    return (
+        [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == kind] if (run / "events.jsonl").is_file() else []
+    )
+
+
+def _steps(run: Path) -> list[dict]:
+    return list(read_jsonl(run / "metrics.jsonl")) if (run / "metrics.jsonl").is_file() else []
+
+
+def _wait(sup: subprocess.Popen[str], what: str, ready, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while not (found := ready()):
+        assert sup.poll() is None, f"the run ended (exit code {sup.returncode}) before {what}; see its out.txt"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return found
+
+
+def _current_pids(run: Path) -> dict[int, int]:
+    newest = (_events(run, "attempt_started") + _events(run, "recovery_started"))[-1]
+    return {int(r): int(p) for r, p in newest["pids"].items()}
+
+
+def _spare_ready(run: Path) -> bool:
+    """Some warm spare of the current attempt says it waits and has no rank yet."""
+    started = _events(run, "attempt_started")[-1]
+    store = TCPStore(
+        started["rendezvous_addr"], started["rendezvous_port"], is_master=False, timeout=datetime.timedelta(seconds=5)
+    )
+    return any(store.check([inprocess.ready_key(i)]) and not store.check([inprocess.assign_key(i)]) for i in range(64))
+
+
+def _kill_after(sup: subprocess.Popen[str], run: Path, rank: int, recoveries: int, steps_after: int) -> None:
+    """Once ``recoveries`` in-process recoveries are done, the job has made ``steps_after`` more steps and a
+    spare is ready, SIGKILL ``rank``."""
+    _wait(sup, f"recovery {recoveries}", lambda: len(_events(run, "recovered_in_process")) >= recoveries)
+    since = _events(run, "recovered_in_process")[-1]["ts"] if recoveries else 0.0
+    _wait(sup, "steps", lambda: sum(m["ts"] > since for m in _steps(run)) >= steps_after)
+    _wait(sup, "a ready spare", lambda: _spare_ready(run))
+    os.kill(_current_pids(run)[rank], signal.SIGKILL)
+
+
+def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_restarts(job: Job, tmp_path: Path) -> None:
+    straight = job.run(_spec(job, tmp_path / "straight", in_process=False), timeout=300)
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    (straight_run,) = (job.runs / "t").iterdir()
+    expected = {m["step"]: m["loss"] for m in read_jsonl(straight_run / "metrics.jsonl")}
+
+    sup, run = _launch(job, _spec(job, tmp_path / "inprocess"))
+    _kill_after(sup, run, rank=1, recoveries=0, steps_after=6)
+    _kill_after(sup, run, rank=0, recoveries=1, steps_after=6)  # rank 0 too: it writes the metrics and events
+    _kill_after(sup, run, rank=1, recoveries=2, steps_after=3)
+    _wait(sup, "the third recovery", lambda: len(_events(run, "recovered_in_process")) >= 3)
+    _wait(sup, "a checkpoint", lambda: len(_events(run, "checkpoint_committed")) >= 2)
+    os.kill(_current_pids(run)[0], signal.SIGSTOP)  # a hang: not recovered in process
+    out = _output(job, sup, timeout=240)
+    assert sup.returncode == 0, out[-4000:]
+
+    # Three recoveries in process within the first attempt, then the hang's restart from the checkpoint.
+    kinds = [
+        e["kind"]
+        for e in read_jsonl(run / "events.jsonl")
+        if e["kind"] in ("attempt_started", "recovery_started", "recovered_in_process", "hang_detected")
+    ]
+    in_process = ["recovery_started", "recovered_in_process"] * 3
+    assert kinds == ["attempt_started", *in_process, "hang_detected", "attempt_started"]
+    recovered = _events(run, "recovered_in_process")
+    assert [e["rank"] for e in recovered] == [1, 0, 1] and all(e["attempt"] == 0 for e in recovered)
+    assert all(e["lost_steps"] <= 1 for e in recovered)  # a snapshot every step: at most the step in flight
+    # Every step's loss, before and after each recovery, is the uninterrupted run's; the weights are too.
+    seen = _steps(run)
+    assert {m["step"] for m in seen} == set(range(STEPS))
+    assert all(m["loss"] == expected[m["step"]] for m in seen)
+    a = _weights(tmp_path / "straight", tmp_path / "a.pt", STEPS)
+    b = _weights(tmp_path / "inprocess", tmp_path / "b.pt", STEPS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The summary says which path each recovery took; the promoted spare writes into its rank's log.
+    said = out[out.index("── phalanx run") :]
+    assert said.count("in process: a spare took rank") == 3 and "restarts   4:" in said
+    assert "warm spare" in (run / "logs" / "rank-0.log").read_text()
+    spent = (run / "goodput.json").read_text()
+    assert '"recovery"' in spent
+
+
+def test_twenty_recoveries_leak_no_memory_and_no_process_groups(job: Job, tmp_path: Path) -> None:
+    """Rank 0 survives 20 replacements of rank 1; after each it reports its resident memory and its live process
+    groups. Both stay flat: each recovery frees the old groups, model and optimizer."""
+    spec = _spec(job, tmp_path / "ckpt", steps=100_000, extra=", warm_spares: 2")
+    sup, run = _launch(job, spec)
+    for n in range(20):
+        _kill_after(sup, run, rank=1, recoveries=n, steps_after=2)
+    _wait(sup, "the 20th recovery", lambda: len(_events(run, "recovered_in_process")) >= 20, timeout=180)
+    sup.send_signal(signal.SIGTERM)
+    out = _output(job, sup, timeout=120)
+    assert sup.returncode == 128 + signal.SIGTERM, out[-3000:]
+    recovered = _events(run, "recovered_in_process")
+    assert len(_events(run, "attempt_started")) == 1 and len(recovered) == 20
+    assert {e["process_groups"] for e in recovered} == {recovered[0]["process_groups"]}
+    rss = [e["resident_bytes"] for e in recovered]
+    early, late = statistics.median(rss[3:8]), statistics.median(rss[-5:])
+    assert late < early + 16 * 2**20, f"resident memory grew from {early / 2**20:.0f} to {late / 2**20:.0f} MiB"
+
+
+def test_a_second_failure_during_a_recovery_falls_back_to_a_restart(job: Job, tmp_path: Path) -> None:
+    """Both ranks die at once: the first is being recovered in process when the second is seen, so the job
+    restarts from its last checkpoint instead, and still ends as an uninterrupted run does."""
+    straight = job.run(_spec(job, tmp_path / "straight", steps=24), timeout=300)
+    assert straight.returncode == 0, straight.stdout[-3000:]
+    sup, run = _launch(job, _spec(job, tmp_path / "both", steps=24))
+    _wait(sup, "a checkpoint", lambda: _events(run, "checkpoint_committed"))
+    _wait(sup, "a ready spare", lambda: _spare_ready(run))
+    pids = _current_pids(run)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    out = _output(job, sup, timeout=240)
+    assert sup.returncode == 0, out[-4000:]
+    refused = _events(run, "in_process_refused")
+    assert refused and "another rank failed during the recovery" in refused[0]["why"], out[-3000:]
+    assert len(_events(run, "restart_scheduled")) == 1 and len(_events(run, "attempt_started")) == 2
+    a = _weights(tmp_path / "straight", tmp_path / "a.pt", 24)
+    b = _weights(tmp_path / "both", tmp_path / "b.pt", 24)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("resources", "extra", "says"),
+    [
+        ("{nodes: 2, procs_per_node: 2}", "", "in-process recovery runs on one node for now"),
+        ("{procs_per_node: 1}", "", "no rank would survive"),
+        ("{procs_per_node: 2}", "command: [python, x.py]\n", "rebuilds the built-in recipe's state"),
+    ],
+)
+def test_in_process_needs_the_recipe_one_node_and_two_ranks(resources: str, extra: str, says: str) -> None:
+    body = extra or "train: {steps: 10, global_batch: 8, micro_batch: 1}\n"
+    with pytest.raises(SpecError) as e:
+        parse_spec(f"name: t\nresources: {resources}\n{body}resilience: {{in_process: true}}\n")
+    assert "resilience.in_process" in str(e.value) and says in str(e.value)
