@@ -36,9 +36,12 @@ from pathlib import Path
 
 from _report import Report, spread
 
+from phalanx.obs import read_jsonl
+
 REPO = Path(__file__).resolve().parent.parent
 THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
 STALL_S = 300  # a side that makes no step for this long is stopped
+IN_PROCESS = "phalanx in process (warm spare, state from memory)"
 MODEL = (
     "train: {model: {preset: llama-debug}, steps: %d, global_batch: 8, micro_batch: 4, seq_len: 64,"
     " optimizer: {warmup_steps: 2}}"
@@ -46,9 +49,8 @@ MODEL = (
 
 
 def _steps(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a JSON-lines file being written (a half-written last line is left out)."""
+    return list(read_jsonl(path)) if path.is_file() else []
 
 
 def _kill_tree(pid: int) -> None:
@@ -97,12 +99,15 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
     return recoveries
 
 
-def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tuple[float, list[float]]:
+def run_phalanx(
+    work: Path, args: argparse.Namespace, kill_at: list[int], in_process: bool = False
+) -> tuple[float, list[float]]:
     spec = work / "job.yaml"
     spec.write_text(
         f"name: bench\nresources: {{procs_per_node: 2, device: cpu}}\n{MODEL % args.steps}\n"
         f"checkpoint: {{dir: '{work / 'ckpt'}', every_steps: {args.every}, keep_last: 2}}\n"
-        "resilience: {max_restarts: 10, restart_backoff_s: 0, stop_grace_s: 5}\n"
+        "resilience: {max_restarts: 10, restart_backoff_s: 0, stop_grace_s: 5"
+        + (f", in_process: true, memory_every_steps: {args.memory_every}}}\n" if in_process else "}\n")
     )
     runs = work / "runs"
     started = time.time()
@@ -113,9 +118,9 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         time.sleep(0.01)
     (run,) = (runs / "bench").iterdir()
 
-    def pid_of_rank1() -> int:
+    def pid_of_rank1() -> int:  # in-process recoveries put spares in ranks' places: the newest pids
         events = _steps(run / "events.jsonl")
-        return int([e for e in events if e["kind"] == "attempt_started"][-1]["pids"]["1"])
+        return int([e for e in events if e["kind"] in ("attempt_started", "recovery_started")][-1]["pids"]["1"])
 
     recoveries = _drive(proc, run / "metrics.jsonl", pid_of_rank1, kill_at)
     return time.time() - started, recoveries
@@ -298,6 +303,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--kill-at", default="25,45")
+    parser.add_argument("--memory-every", type=int, default=1, help="in-process side: memory snapshot every N steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -315,7 +321,11 @@ def main() -> None:
         torchft_peer()
         return
     kill_at = [int(s) for s in args.kill_at.split(",")]
-    sides = {"phalanx": run_phalanx, "torchrun --max-restarts + DCP": run_torchrun}
+    sides = {
+        "phalanx": run_phalanx,
+        IN_PROCESS: lambda work, args, kill_at: run_phalanx(work, args, kill_at, in_process=True),
+        "torchrun --max-restarts + DCP": run_torchrun,
+    }
     missing = []
     probe = [args.torchft_python, "-c", "import torchft, torch; print(torch.__version__)"]
     found = subprocess.run(probe, capture_output=True, text=True) if Path(args.torchft_python).is_file() else None
@@ -348,7 +358,9 @@ def main() -> None:
         f"torch {torch.__version__}. llama-debug (4.2M params) on 2 CPU processes, synthetic tokens, global batch "
         f"8 x 64 tokens, {args.steps} steps. Each side runs the job clean, then again with its second process "
         f"killed by SIGKILL when the job has done steps {args.kill_at}. phalanx: its recipe (FSDP2, async "
-        f"checkpoints every {args.every} steps, `restart_backoff_s: 0`). torchrun: a hand-written FSDP2 loop "
+        f"checkpoints every {args.every} steps, `restart_backoff_s: 0`); in process: the same with "
+        f"`resilience.in_process: true` (one warm spare, a memory snapshot every {args.memory_every} step(s)), "
+        "the goodput against its own clean run, which pays for the snapshots. torchrun: a hand-written FSDP2 loop "
         f"under `torchrun --standalone --max-restarts=10`, `dcp.save` every {args.every} steps and a resume from "
         "the newest at start. torchft: the same model as DDP over 2 replica groups of one process, each under "
         "its own torchrun, coordinated by a torchft lighthouse; no checkpoints (a restarted group heals from "
@@ -375,15 +387,25 @@ def main() -> None:
         )
     header = ["side", "clean run, s", f"with {len(kill_at)} kills, s", "kill -> next step completed, s", "goodput"]
     report.table(header, rows)
-    for name, runs in list(results.items())[1:]:
-        paired = [(a, b) for a, b in zip(results["phalanx"], runs, strict=True) if a is not None and b is not None]
-        if not paired:
-            continue
-        goal = "< 1" if name.startswith("torchrun") else ""
-        recovery = [statistics.median(pr) / statistics.median(rec) for (_, _, pr), (_, _, rec) in paired]
-        goodput = [(pc / pf) / (c / f) for (pc, pf, _), (c, f, _) in paired]
-        report.ratio(f"phalanx / {name}, kill -> next step (median of the kills)", recovery, goal)
-        report.ratio(f"phalanx / {name}, goodput with failures", goodput, "> 1" if goal else "")
+    goals = {  # (kill -> next step, goodput) against torchrun, for each phalanx side
+        "phalanx": ("< 1", "> 1"),
+        IN_PROCESS: ("<= 0.3", "> 1"),
+    }
+    for ours in goals:
+        for name, runs in results.items():
+            if name.startswith("phalanx"):
+                continue
+            paired = [(a, b) for a, b in zip(results[ours], runs, strict=True) if a is not None and b is not None]
+            if not paired:
+                continue
+            goal = goals[ours] if name.startswith("torchrun") else ("", "")
+            recovery = [statistics.median(pr) / statistics.median(rec) for (_, _, pr), (_, _, rec) in paired]
+            goodput = [(pc / pf) / (c / f) for (pc, pf, _), (c, f, _) in paired]
+            report.ratio(f"{ours} / {name}, kill -> next step (median of the kills)", recovery, goal[0])
+            report.ratio(f"{ours} / {name}, goodput with failures", goodput, goal[1])
+    both = [(a, b) for a, b in zip(results["phalanx"], results[IN_PROCESS], strict=True) if a and b]
+    if both:  # what the memory snapshots cost a run without failures
+        report.ratio(f"{IN_PROCESS} / phalanx, clean run time", [b[0] / a[0] for a, b in both], "")
     for stall in stalls:
         report.note(
             f"Stalled and stopped: {stall}. Its round is left out of the figures and of the ratios to that side."

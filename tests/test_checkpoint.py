@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,6 +21,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint import CheckpointDir
 from phalanx.checkpoint.export import read_model
+from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.obs import read_jsonl
 from phalanx.train.models.llama import Llama, LlamaConfig
 
@@ -352,3 +355,41 @@ def test_export_refuses_what_it_cannot_export(tmp_path: Path) -> None:
     )
     assert cli.returncode == 1 and "no checkpoint of step 3" in cli.stderr and "steps there: 2" in cli.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_young_daly_interval_and_its_failure_rate() -> None:
+    # sqrt(2 x 10 s x 5 h) = 600 s: 60 steps of 10 s.
+    chosen = choose(cost_s=10.0, step_s=10.0, prior_mtbf_hours=5.0, failures=0, run_hours=0.0)
+    assert chosen.seconds == pytest.approx(600.0) and chosen.steps == 60
+    # Three failures in 15 h: (5 + 15) / 4 = 5 h between failures again, not the prior's 20 h.
+    assert choose(10.0, 10.0, 5.0, failures=3, run_hours=15.0).mtbf_hours == pytest.approx(5.0)
+    assert choose(10.0, 10.0, 5.0, failures=0, run_hours=15.0).mtbf_hours == pytest.approx(20.0)
+    assert choose(1e-6, 100.0, 1.0, 0, 0.0).steps == 1  # never less than every step
+    # The Llama 3 report's rate: 419 interruptions in 54 days on 16,384 GPUs, a 16k-GPU job fails every ~3 h.
+    assert default_mtbf_hours(16_384) == pytest.approx(54 * 24 / 419)
+
+
+def test_automatic_interval_is_chosen_from_measured_costs(job: Job, tmp_path: Path) -> None:
+    """every_steps: auto saves every 10 steps until a save's cost is measured, then at Young/Daly's interval for
+    that cost, the step time and resilience.mtbf_hours; the choice and why are printed and in the events."""
+    spec = job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        "train: {model: {preset: llama-tiny}, steps: 60, global_batch: 8, micro_batch: 2, seq_len: 32}\n"
+        f"checkpoint: {{dir: '{tmp_path / 'ckpt'}', every_steps: auto, keep_last: 2}}\n"
+        "resilience: {mtbf_hours: 0.02}\n"
+    )
+    result = _run(job, spec)
+    assert result.returncode == 0, result.stdout[-3000:]
+    events = list(read_jsonl(job.run_dir() / "events.jsonl"))
+    chosen = [e for e in events if e["kind"] == "checkpoint_interval"]
+    saved = [e["step"] for e in events if e["kind"] == "checkpoint_committed"]
+    assert chosen and saved[:2] == [10, 20], saved
+    first = chosen[0]
+    # No failure seen: the MTBF is the prior plus the hours run so far (this run lasts less than 3 minutes).
+    assert first["failures"] == 0 and 0.02 < first["mtbf_hours"] < 0.02 + 0.05
+    expected = max(1, round(math.sqrt(2 * first["cost_s"] * first["mtbf_hours"] * 3600) / first["step_s"]))
+    assert first["steps"] == expected
+    assert f"checkpoint every {first['steps']} step(s): Young/Daly" in result.stdout
+    # After the first choice, saves are a chosen interval apart (but the last, at the end of the run).
+    gaps = {b - a for a, b in itertools.pairwise(saved[1:]) if b != 60}
+    assert gaps <= {e["steps"] for e in chosen}, (saved, chosen)

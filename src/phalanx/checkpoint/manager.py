@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from phalanx.checkpoint.directory import CheckpointDir
+from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
 from phalanx.resilience.inprocess import NoRecovery
 from phalanx.spec.model import Checkpoint
@@ -63,6 +64,8 @@ class CheckpointManager:
         self._staged: Future[None] | None = None
         self._pending: tuple[int, Future[None]] | None = None
         self._blocked_s = 0.0
+        self.last_saved = 0  # the step of the newest save or load: an automatic interval counts from it
+        self.every = policy.every_steps if policy.every_steps != "auto" else FIRST_EVERY_STEPS
 
     @property
     def blocked_s(self) -> float:
@@ -75,19 +78,23 @@ class CheckpointManager:
         return self._pending is not None and not self._pending[1].done()
 
     def due(self, step: int) -> bool:
+        """A fixed interval saves at its multiples; an automatic one (``every``) that long after the last save."""
+        if self.policy.every_steps == "auto":
+            return step - self.last_saved >= self.every
         return step % self.policy.every_steps == 0
 
     def save(self, step: int, state: dict[str, Any], *, sync: bool | None = None) -> None:
         """Save ``state`` (DCP state: Stateful objects and tensors) as the checkpoint of ``step``. Async unless
         the policy or ``sync`` says otherwise; a sync save returns once the checkpoint is committed."""
         started = time.perf_counter()
+        self.last_saved = step
         busy = self._pending is not None and not self._pending[1].done()
         self.wait()  # at most one in flight
         if busy:
             waited = time.perf_counter() - started
             self.log(
                 f"checkpoint of step {step} waited {waited:.2f} s for the previous save to commit "
-                f"(saving takes longer than checkpoint.every_steps = {self.policy.every_steps} steps)"
+                f"(saving takes longer than checkpoint.every_steps = {self.every} steps)"
             )
             if self.rank == 0:
                 self.event("checkpoint_waited", step=step, waited_s=waited)
@@ -182,6 +189,7 @@ class CheckpointManager:
 
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> None:
         dcp.load(state, checkpoint_id=self.dir.location(info.step))
+        self.last_saved = info.step
 
     def close(self) -> None:
         try:

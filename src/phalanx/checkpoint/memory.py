@@ -6,25 +6,30 @@ Two snapshots are kept. A rank can finish snapshot s + 1 while a peer dies befor
 step together, so never further apart than that); the recovery agrees on the newest step every survivor
 holds whole (``steps()``), and the rank that dies loses at most the steps since its last snapshot.
 
-State is the trainer's DCP-ready dict (the same objects a storage checkpoint saves). A sharded tensor is kept
-as its local shard alone; on restore it becomes a shard of the rebuilt model's matching parameter again,
-whose process group is new but whose layout (world size, mesh, ranks) is the same.
+State is a dict of Stateful objects: the model and its optimizer themselves (their native state dicts, which
+neither gather nor reshard: the layout, world size and ranks are the same after a recovery), the LR schedule,
+the RNG, the progress. A sharded tensor is kept as its local shard alone; on restore it becomes a shard of the
+rebuilt model's matching parameter again, whose process group is new.
 """
 
 from __future__ import annotations
 
+import datetime
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import MappingKey, tree_map_only, tree_map_with_path
 
+from phalanx.resilience.inprocess import PeerLost
+
 KEEP = 2
+WAIT_SLICE = datetime.timedelta(seconds=0.2)  # a trade looks this often whether a recovery has begun
 
 
 @dataclass(frozen=True)
@@ -44,17 +49,20 @@ def serialize(state: dict[str, Any]) -> torch.Tensor:
     return torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
 
 
-def restore(blob: torch.Tensor, state: dict[str, Any], model: torch.nn.Module) -> None:
-    """Load a snapshot made by ``serialize`` into ``state``. A local shard becomes a shard of the parameter of
-    ``model`` that its path names: the parameter's own, or its optimizer moments (laid out as the parameter)."""
+def restore(blob: torch.Tensor, state: dict[str, Any]) -> None:
+    """Load a snapshot made by ``serialize`` into ``state``, whose ``model`` and ``optimizer`` entries are the
+    rebuilt module and optimizer (native state dicts: loading them runs no collective). A local shard becomes
+    a shard of the parameter its path names: by name for the model, by index for optimizer moments (laid out
+    as their parameter)."""
     flat = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
-    like = get_model_state_dict(model)
+    named = state["model"].state_dict()
+    params = [p for group in state["optimizer"].param_groups for p in group["params"]]
 
     def reshard(path: tuple[Any, ...], value: Any) -> Any:
         if not isinstance(value, LocalShard):
             return value
-        name = next(k.key for k in path if isinstance(k, MappingKey) and k.key in like)
-        template = like[name]
+        keys = [k.key for k in path if isinstance(k, MappingKey)]
+        template = named[keys[1]] if keys[0] == "model" else params[keys[2]]  # optimizer/state/<index>/<moment>
         return DTensor.from_local(
             value.tensor.to(template.device),
             template.device_mesh,
@@ -65,19 +73,17 @@ def restore(blob: torch.Tensor, state: dict[str, Any], model: torch.nn.Module) -
         )
 
     for key, value in tree_map_with_path(reshard, flat).items():
-        if isinstance(state[key], Stateful):
-            state[key].load_state_dict(value)
-        else:
-            state[key] = value
+        state[key].load_state_dict(value)
 
 
 class PeerMemory:
     """This rank's snapshots and its ring neighbour's, taken together by every rank of the default group."""
 
-    def __init__(self, every_steps: int, stride: int = 1):
-        """``stride``: the neighbour holding this rank's copy is ``rank + stride`` (on several nodes, the same
-        local rank of the next node, so that a node's loss leaves its copies on another)."""
-        self.every_steps = every_steps
+    def __init__(self, every_steps: int, interrupted: Callable[[], bool], stride: int = 1):
+        """``interrupted``: whether a recovery has begun. ``stride``: the neighbour holding this rank's copy is
+        ``rank + stride`` (on several nodes, the same local rank of the next node, so that a node's loss
+        leaves its copies on another)."""
+        self.every_steps, self.interrupted = every_steps, interrupted
         rank, world = dist.get_rank(), dist.get_world_size()
         self.rank, self.holder, self.held_for = rank, (rank + stride) % world, (rank - stride) % world
         self.own: dict[int, torch.Tensor] = {}
@@ -102,20 +108,48 @@ class PeerMemory:
             for old in sorted(kept)[:-KEEP]:
                 del kept[old]
 
-    def clear(self) -> None:
-        self.own.clear()
-        self.held.clear()
+    def after_recovery(self, step: int, joiner: int, restored: torch.Tensor) -> None:
+        """Make the ring whole again at ``step`` without a new snapshot: the joiner's copy is already with its
+        holder (it was handed over from there), and the joiner gets the copy it must hold from its neighbour."""
+        if self.rank == joiner:
+            self.own, self.held = {step: restored}, {step: self.receive(self.held_for)}
+            return
+        self.own, self.held = {step: self.own[step]}, {step: self.held[step]}
+        if self.holder == joiner:
+            self._send(self.own[step], joiner)
 
     def _trade(self, mine: torch.Tensor) -> torch.Tensor:
-        size, their_size = torch.tensor([mine.numel()]), torch.zeros(1, dtype=torch.int64)
-        _wait(dist.P2POp(dist.isend, size, self.holder), dist.P2POp(dist.irecv, their_size, self.held_for))
-        theirs = torch.empty(int(their_size.item()), dtype=torch.uint8)
-        _wait(dist.P2POp(dist.isend, mine, self.holder), dist.P2POp(dist.irecv, theirs, self.held_for))
+        """Send ``mine`` to the holder and receive the neighbour's: all-to-all collectives (sizes, then the bytes)
+        in which every other pair trades nothing."""
+        world = dist.get_world_size()
+        sizes, their_sizes = torch.zeros(world, dtype=torch.int64), torch.empty(world, dtype=torch.int64)
+        sizes[self.holder] = mine.numel()
+        self._wait(dist.all_to_all_single(their_sizes, sizes, async_op=True))
+        theirs = torch.empty(int(their_sizes[self.held_for]), dtype=torch.uint8)
+        send, receive = [0] * world, [0] * world
+        send[self.holder], receive[self.held_for] = mine.numel(), theirs.numel()
+        self._wait(dist.all_to_all_single(theirs, mine, receive, send, async_op=True))
         return theirs
+
+    def _wait(self, work: dist.Work) -> None:
+        """Wait in slices: a peer killed in the middle of a trade can leave it waiting for ever; once a recovery
+        has begun, give it up."""
+        while True:
+            try:
+                work.wait(timeout=WAIT_SLICE)
+                return
+            except RuntimeError as e:
+                if "timed out" not in str(e):
+                    raise
+            if self.interrupted():
+                raise PeerLost("a peer died during a memory snapshot's trade (a recovery has begun)")
 
     def hand_over(self, step: int, to: int) -> None:
         """Send the neighbour's snapshot of ``step`` to ``to``, the process that now has its rank."""
-        blob = self.held[step]
+        self._send(self.held[step], to)
+
+    @staticmethod
+    def _send(blob: torch.Tensor, to: int) -> None:
         dist.send(torch.tensor([blob.numel()]), to)
         dist.send(blob, to)
 
@@ -127,8 +161,3 @@ class PeerMemory:
         blob = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.recv(blob, source)
         return blob
-
-
-def _wait(*ops: dist.P2POp) -> None:
-    for request in dist.batch_isend_irecv(list(ops)):
-        request.wait()

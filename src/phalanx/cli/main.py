@@ -12,6 +12,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from phalanx.cli import clusters, platform
+from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE
+from phalanx.resilience.simulate import STRATEGIES, Costs, goodput_table, scope_shares
 from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -279,8 +281,12 @@ def chaos(
     err.print(done, highlight=False)
 
 
-@app.command()
-def sim(
+sim_app = typer.Typer(no_args_is_help=True, help="Simulate: a cluster's scheduling on a trace, a long job's goodput.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("trace")
+def sim_trace(
     trace: Path = typer.Argument(..., help="a Philly job table (philly_pollux_jobs.csv: timestamp, duration, ...)"),
     start: str = typer.Option("2017-10-01", help="replay jobs submitted from this date ..."),
     end: str = typer.Option("2017-11-01", help="... until this date (exclusive)"),
@@ -322,6 +328,52 @@ def sim(
         table.add_row(*row)
     stdout.print(table)
     err.print(f"replayed in {time.monotonic() - began:.0f} s", highlight=False)
+
+
+@sim_app.command("goodput")
+def sim_goodput(
+    gpus: str = typer.Option("1024,4096,16384,65536", help="job sizes, comma-separated"),
+    days: float = typer.Option(30.0, help="days of training work each simulated job does", min=0.01),
+    seeds: int = typer.Option(5, help="simulated jobs per strategy and size (the mean is shown)", min=1),
+    step_s: float = typer.Option(Costs.step_s, "--step-s", help="seconds per training step", min=1e-6),
+    save_s: float = typer.Option(Costs.save_s, "--save-s", help="training time a storage checkpoint costs", min=0),
+    restart_s: float = typer.Option(Costs.restart_s, "--restart-s", help="a restart's failure-to-next-step", min=0),
+    in_process_s: float = typer.Option(Costs.in_process_s, "--in-process-s", help="an in-process recovery", min=0),
+    spare_s: float = typer.Option(Costs.spare_s, "--spare-s", help="a spare node's takeover, in process", min=0),
+    snapshot_s: float = typer.Option(Costs.snapshot_s, "--snapshot-s", help="one in-memory snapshot", min=0),
+    hang_detect_s: float = typer.Option(Costs.hang_detect_s, "--hang-detect-s", help="until a hang is found", min=0),
+    replace_s: float = typer.Option(Costs.replace_s, "--replace-s", help="a restart's wait for a new node", min=0),
+) -> None:
+    """Expected goodput of one long training job against its size, for each recovery strategy: failures drawn
+    from the Llama 3 report's interruption causes and rate, costs measured on this machine (docs/failures.md)."""
+    try:
+        sizes = [int(g) for g in gpus.split(",") if g.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        err.print(f"[bold red]--gpus {gpus}[/]: give GPU counts, e.g. 1024,16384", highlight=False)
+        raise typer.Exit(2)
+    costs = Costs(
+        step_s=step_s, save_s=save_s, restart_s=restart_s, in_process_s=in_process_s, spare_s=spare_s,
+        snapshot_s=snapshot_s, hang_detect_s=hang_detect_s, replace_s=replace_s,
+    )  # fmt: skip
+    rows = goodput_table(sizes, costs, days, seeds)
+    table = Table(title=f"goodput of a {days:g}-day job, mean of {seeds} simulated runs")
+    table.add_column("strategy")
+    for size in sizes:
+        table.add_column(f"{size:,} GPUs", justify="right")
+    for strategy in STRATEGIES:
+        mine = [r for r in rows if r.strategy == strategy.name]
+        table.add_row(strategy.name, *(f"{r.goodput:.2%}" for r in mine))
+    stdout.print(table)
+    shares = ", ".join(f"{scope} {share:.1%}" for scope, share in scope_shares().items())
+    err.print(
+        f"failures: one per {LLAMA3_GPU_HOURS_PER_FAILURE:,.0f} GPU-hours (Llama 3), by scope {shares}; costs: "
+        f"step {step_s:g} s, save {save_s:g} s, restart {restart_s:g} s, in process {in_process_s:g} s, "
+        f"spare node {spare_s:g} s, snapshot {snapshot_s:g} s, hang detection {hang_detect_s:g} s, "
+        f"new node {replace_s:g} s",
+        highlight=False,
+    )
 
 
 platform.register(app)

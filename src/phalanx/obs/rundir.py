@@ -15,6 +15,7 @@ runs/<name>/<run id>/
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ class RunDir:
     def checkpoint_location(self, configured: str | None) -> str:
         """Where the job's checkpoints go: ``checkpoint.dir`` (a path or a URL), else this run's checkpoints/."""
         return configured or str(self.checkpoints)
+
+    def started_at(self) -> float:
+        """When the run started: the time of its first event."""
+        with self.events.open() as f:
+            return float(json.loads(f.readline())["ts"])
 
     def log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

@@ -5,9 +5,12 @@ same ranks and world size, a warm spare in the dead rank's place) and restores i
 Gloo cannot abort a collective in flight, so recovery is built on how its collectives end: a dead peer's
 sockets are closed by its kernel, and every collective waiting on it fails at once with a connection error
 (``peer_lost``); a survivor waiting only on other survivors fails when they leave the old group and close
-theirs. What does not end that way (a hung peer, a node whose machine vanished, a rank holding the GIL) is
-the supervisor's: no decision comes within ``resilience.recovery_timeout_s``, or the supervisor sees no
-rank done in that time, and the job falls back to a restart from its last checkpoint.
+theirs. Gloo's transfers between two ranks (the all-to-all of the memory snapshots' trade) do not always
+fail so: a peer killed in the middle of one can leave it waiting for ever. Those are waited on in slices,
+and given up (``PeerLost``) once the supervisor has started a recovery. What does not end either way
+(a hung peer, a node whose machine vanished, a rank holding the GIL) is the supervisor's: no decision comes
+within ``resilience.recovery_timeout_s``, or the supervisor sees no rank done in that time, and the job
+falls back to a restart from its last checkpoint.
 
 Every exchange is a key of the attempt's c10d store, which the supervisor hosts:
 
@@ -34,6 +37,10 @@ import torch.distributed as dist
 
 # How a gloo collective fails when a peer's process is gone (its sockets closed by its kernel).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+class PeerLost(RuntimeError):
+    """A peer died while this rank waited on it in a transfer that did not fail by itself."""
 
 
 class NoRecovery(RuntimeError):
@@ -63,7 +70,12 @@ def assign_key(spare: int) -> str:
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective failing because a peer process died."""
     text = str(error)
-    return isinstance(error, RuntimeError) and any(s in text for s in PEER_GONE)
+    return isinstance(error, PeerLost) or (isinstance(error, RuntimeError) and any(s in text for s in PEER_GONE))
+
+
+def recovering(store: dist.Store, generation: int) -> bool:
+    """Whether the supervisor has started recovery ``generation`` (some rank has died)."""
+    return store.check([decision_key(generation)])
 
 
 def _get(store: dist.Store, key: str, timeout_s: float | None) -> dict[str, Any]:

@@ -169,7 +169,11 @@ class Checkpoint(Strict):
         description="a local path or an fsspec URL (s3://...); a run resumes from its newest valid checkpoint. "
         "Default: <run dir>/checkpoints",
     )
-    every_steps: PositiveInt = Field(default=50, description="save every this many steps, and at the end")
+    every_steps: PositiveInt | Literal["auto"] = Field(
+        default=50,
+        description="save every this many steps, and at the end; auto: Young/Daly's optimum from the measured "
+        "cost of a save and the job's failure rate (resilience.mtbf_hours)",
+    )
     async_save: bool = Field(
         default=True, alias="async", description="copy to CPU and write behind training (false: training waits)"
     )
@@ -212,6 +216,11 @@ class Resilience(Strict):
     )
     node_timeout_s: Annotated[float, Field(ge=1.0)] = Field(
         default=5.0, description="a node whose agent died (its machine gone) is found lost within this (multi-node)"
+    )
+    mtbf_hours: PositiveFloat | None = Field(
+        default=None,
+        description="the job's mean time between failures, for checkpoint.every_steps: auto; default: the Llama 3 "
+        "report's (one per ~50,700 GPU-hours) over the job's processes",
     )
     in_process: bool = Field(
         default=False,

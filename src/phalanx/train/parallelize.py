@@ -49,19 +49,25 @@ def build_mesh(device_type: str, parallel: Parallel) -> Mesh:
     return Mesh(init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS), parallel)
 
 
-def build_model(cfg: LlamaConfig, mesh: Mesh, train: Train, device: torch.device, on_meta: bool) -> nn.Module:
+def build_model(
+    cfg: LlamaConfig, mesh: Mesh, train: Train, device: torch.device, on_meta: bool, weights: bool = True
+) -> nn.Module:
     """The parallelized model with its initial weights, the same for every seed-identical rank.
 
     ``on_meta``: build on the meta device, parallelize, then materialise only this rank's shards, so that an
     8B or 70B model never exists whole on one device; on CUDA, DTensor's RNG tracker makes the sharded init
     equal to the whole-model init. Off (CPU, where DTensor random ops lack that support): build whole on
-    the device, then shard.
+    the device, then shard. ``weights`` off: the shards are left uninitialised (the state is about to be
+    loaded into them: an in-process recovery), which skips the init's cost.
     """
-    if on_meta:
+    if on_meta or not weights:
         with torch.device("meta"):
             model = parallelize(Llama(cfg), mesh, train)
         model.to_empty(device=device)
         model.tie_weights()  # to_empty gives every module a tensor of its own, which unties unsharded weights
+        if not weights:
+            model.init_buffers()
+            return model
     else:
         model = Llama(cfg).to(device)
     torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers

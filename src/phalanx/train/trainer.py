@@ -8,8 +8,10 @@ import dataclasses
 import hashlib
 import math
 import signal
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -18,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from phalanx.checkpoint import CheckpointManager
+from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.checkpoint.memory import PeerMemory, restore, serialize
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
@@ -95,8 +98,8 @@ def warm_up(spec: JobSpec) -> None:
         tokens = torch.zeros(1, 9, dtype=torch.long)
         F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
         optimizer.step()
-        state = {"train": ModelAndOptimizer(model, optimizer), "rng": RNG()}
-        restore(serialize(state), state, model)
+        state = {"model": model, "optimizer": optimizer, "rng": RNG()}
+        restore(serialize(state), state)
     finally:
         dist.destroy_process_group()
         sys.excepthook = hook
@@ -125,10 +128,15 @@ class Trainer:
         self._bad_in_a_row = 0
         self._checkpoint_s = 0.0
         self._last_step_end: float | None = None
-        self._build()
+        self._step_times: deque[float] = deque(maxlen=20)  # recent steps' wall times, for every_steps: auto
+        self._started = time.time()
+        self._build(weights=ctx.generation == 0)
         resilience = ctx.spec.resilience
         # In-process recovery: the state in memory, this rank's and a neighbour's (checkpoint/memory.py).
-        self.memory = PeerMemory(resilience.memory_every_steps) if resilience.in_process else None
+        self.memory = None
+        if resilience.in_process:
+            recovering = lambda: inprocess.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
+            self.memory = PeerMemory(resilience.memory_every_steps, recovering)
         if ctx.generation > 0:  # a warm spare that took a failed rank's place: the state comes from its peers
             decided = inprocess.decision(ctx.store, ctx.generation, resilience.recovery_timeout_s)
             self._restore_from_memory(joiner=ctx.rank, reached=decided["reached"])
@@ -139,14 +147,15 @@ class Trainer:
         if ctx.is_main:
             print(self.describe(), flush=True)
 
-    def _build(self) -> None:
+    def _build(self, weights: bool) -> None:
         """What lives on the process group: the mesh, the sharded model and its optimizer, the checkpoints.
-        Built again by an in-process recovery, on the new group."""
+        Built again by an in-process recovery, on the new group (``weights`` off: they are about to be
+        restored, so they are not initialised)."""
         ctx, t = self.ctx, self.train
         assert ctx.spec is not None
         self.mesh = build_mesh(ctx.device.type, self.parallel)
         # Seeded: the same initial weights on every rank, and the same as a 1-process run.
-        self.model = build_model(self.cfg, self.mesh, t, ctx.device, on_meta=ctx.device.type == "cuda")
+        self.model = build_model(self.cfg, self.mesh, t, ctx.device, ctx.device.type == "cuda", weights)
         self.compute = ForwardComputeTimer(list(self.model.layers.values()), ctx.device)
         o = t.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -168,6 +177,12 @@ class Trainer:
             "scheduler": self.scheduler,
             "rng": RNG(),
             "progress": self.progress,
+        }
+        # In memory the layout never changes, so the model and optimizer keep their native state dicts.
+        self.in_memory = {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            **{k: v for k, v in self.state.items() if k != "train"},
         }
 
     def _batches(self) -> Prefetcher:
@@ -263,6 +278,7 @@ class Trainer:
             "peak_memory_bytes": mem,
         }
         self.ctx.report(s.step, **figures)
+        self._step_times.append(s.step_time_s)
         self._checkpoint_s = 0.0
         if self.ctx.is_main and not self.ctx.supervised:  # under phalanx the supervisor shows the progress
             print(step_line({"step": s.step, **figures}, self.train.steps), flush=True)
@@ -274,10 +290,9 @@ class Trainer:
     def fit(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            # Resumed from a checkpoint: snapshot at once, so that a rank lost before the first snapshot is
-            # recovered too. (Not with a fresh optimizer: reading its state dict would initialise its state.)
-            if self.memory is not None and not self.memory.steps() and self.optimizer.state:
-                self.memory.take(self.progress.step, self.state)
+            # A snapshot at once, so that a rank lost before the first step's is recovered too.
+            if self.memory is not None and not self.memory.steps():
+                self.memory.take(self.progress.step, self.in_memory)
             while self.progress.step < self.train.steps:
                 try:
                     self._step()
@@ -302,12 +317,31 @@ class Trainer:
         step = self.progress.step
         if self.memory is not None and self.memory.due(step):
             taking = time.perf_counter()
-            self.memory.take(step, self.state)
+            self.memory.take(step, self.in_memory)
             self._checkpoint_s += time.perf_counter() - taking
         if self.checkpoints.due(step) or step == self.train.steps:
+            cost = self.checkpoints.blocked_s  # the previous save's, whole by now (its copy waited for too)
             saving = time.perf_counter()
             self.checkpoints.save(step, self.state)
             self._checkpoint_s += time.perf_counter() - saving
+            if self.ctx.spec.checkpoint.every_steps == "auto" and cost > 0:
+                self._retune(cost)
+
+    def _retune(self, cost_s: float) -> None:
+        """checkpoint.every_steps: auto: the next interval, by Young/Daly, from the last save's cost, the recent
+        step time and the failures so far; every rank decides from the same figures (their maximum)."""
+        assert self.ctx.spec is not None
+        resilience, world = self.ctx.spec.resilience, self.ctx.world_size
+        since = self.ctx.run_dir.started_at() if self.ctx.run_dir is not None else self._started
+        figures = torch.tensor([cost_s, statistics.median(self._step_times), time.time() - since], dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        cost, step_s, run_s = figures.tolist()
+        prior = resilience.mtbf_hours or default_mtbf_hours(world)
+        chosen = choose(cost, step_s, prior, self.ctx.attempt + self.ctx.generation, run_s / 3600)
+        if chosen.steps != self.checkpoints.every:
+            self._say(chosen.why())
+            self.ctx.event("checkpoint_interval", **dataclasses.asdict(chosen))
+        self.checkpoints.every = chosen.steps
 
     def _recover(self, error: RuntimeError) -> None:
         """A peer died in a collective: wait for the supervisor's recovery (a warm spare in its place), join
@@ -323,16 +357,27 @@ class Trainer:
             raise inprocess.NoRecovery(f"{e}, after: {error}") from error
         self.batches.close()
         self.checkpoints.abandon(timeout)
-        del self.state, self.model, self.optimizer, self.scheduler, self.compute, self.checkpoints, self.mesh
+        every = self.checkpoints.every  # an automatic interval tuned so far is kept
+        del (
+            self.state,
+            self.in_memory,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.compute,
+            self.checkpoints,
+            self.mesh,
+        )
         self.ctx.rejoin(generation)
-        self._build()
+        self._build(weights=False)
+        self.checkpoints.every = every
         self._restore_from_memory(joiner=decided["rank"], reached=decided["reached"], began=began)
         self.batches = self._batches()
         self._last_step_end = None
 
     def _restore_from_memory(self, joiner: int, reached: int, began: float | None = None) -> None:
         """Every rank of the new group: agree on the newest snapshot all survivors hold, hand the joiner its
-        rank's copy, load it, and snapshot again so that every rank's copy has a holder."""
+        rank's copy, load it, and give the joiner the copy it holds for its neighbour."""
         assert self.ctx.spec is not None and self.memory is not None
         ctx, memory = self.ctx, self.memory
         began = time.perf_counter() if began is None else began
@@ -345,9 +390,9 @@ class Trainer:
             if memory.held_for == joiner:
                 memory.hand_over(step, joiner)
             blob = memory.own[step]
-        restore(blob, self.state, self.model)
-        memory.clear()
-        memory.take(step, self.state)
+        restore(blob, self.in_memory)
+        self.checkpoints.last_saved = step
+        memory.after_recovery(step, joiner, blob)
         ctx.store.set(inprocess.done_key(ctx.generation, ctx.rank), "1")
         took = time.perf_counter() - began
         self._say(

@@ -205,12 +205,16 @@ class Llama(nn.Module):
         if self.cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
+    def init_buffers(self) -> None:
+        """The rotary tables: what a model materialised by ``to_empty`` needs besides its weights."""
+        self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta).to(self.rope.device)
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Normal(0, 0.02) for inputs, depth-scaled for the projections that write into the residual stream.
         Also (re)computes the rotary tables, so a model built on the meta device can be materialised by
         ``to_empty``, then ``tie_weights``, then this."""
-        self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta).to(self.rope.device)
+        self.init_buffers()
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
