@@ -443,19 +443,15 @@ class Supervisor:
         result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=lost.node, node_lost=True)
         return result, Failure(Kind.INFRASTRUCTURE, reason, "node_lost")
 
-    def _stop_on_failure(self, run: AttemptRun, first: RankFailed, store: TCPStore) -> tuple[RunResult, Failure]:
+    def _what_failed(self, first: RankFailed, store: TCPStore) -> tuple[str, str, Failure]:
+        """How a rank ended ("killed by SIGKILL after step 24"), the error it recorded, and what kind of
+        failure that makes."""
         step = last_step(store, first.rank)
         cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
         detail = recorded_error(self.run_dir.error_file(first.rank))
-        failure = classify_exit(first.returncode, detail)
-        on = f" on {self.fleet.name(first.node)}" if self.multi_node else ""
-        self.say(f"rank {first.rank}{on} (pid {first.pid}) {cause}; stopping the other workers")
-        codes = run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
-        others = [
-            f"rank {rank} {describe_exit(code)}" for rank, code in sorted(codes.items()) if rank != first.rank and code
-        ]
-        if run.lost:  # a node gone is the root cause; this rank's exit was its first consequence
-            return self._stop_on_lost(run, run.lost[0], then=[f"rank {first.rank} {cause}", *others])
+        return cause, detail, classify_exit(first.returncode, detail)
+
+    def _worker_failed(self, first: RankFailed, detail: str, failure: Failure, then: list[str]) -> None:
         self.events.emit(
             "worker_failed",
             rank=first.rank,
@@ -464,8 +460,20 @@ class Supervisor:
             returncode=first.returncode,
             error=detail or None,
             failure=failure.kind,
-            then=others,
+            then=then,
         )
+
+    def _stop_on_failure(self, run: AttemptRun, first: RankFailed, store: TCPStore) -> tuple[RunResult, Failure]:
+        cause, detail, failure = self._what_failed(first, store)
+        on = f" on {self.fleet.name(first.node)}" if self.multi_node else ""
+        self.say(f"rank {first.rank}{on} (pid {first.pid}) {cause}; stopping the other workers")
+        codes = run.stop(signal.SIGTERM, self.spec.resilience.stop_grace_s)
+        others = [
+            f"rank {rank} {describe_exit(code)}" for rank, code in sorted(codes.items()) if rank != first.rank and code
+        ]
+        if run.lost:  # a node gone is the root cause; this rank's exit was its first consequence
+            return self._stop_on_lost(run, run.lost[0], then=[f"rank {first.rank} {cause}", *others])
+        self._worker_failed(first, detail, failure, then=others)
         tail = _tail(self.run_dir.log(first.rank), 15)
         self.say(
             f"failed: rank {first.rank}{on} {cause}"
@@ -484,30 +492,18 @@ class Supervisor:
         """A rank died: put a warm spare in its place and let the survivors recover in their processes (see
         launch/recovery.py). False: this failure takes the restart path (a user error, the restart budget
         spent, or a reason recovery gives), which says why."""
-        detail = recorded_error(self.run_dir.error_file(first.rank))
-        failure = classify_exit(first.returncode, detail)
+        cause, detail, failure = self._what_failed(first, store)
         policy = self.spec.resilience
         if not failure.retryable or self.restarts >= policy.max_restarts:
             return False
         plan = run.plan
         steps = [s for r in range(plan.world_size) if (s := last_step(store, r)) is not None]
         reached = max(steps, default=-1) + 1
-        step = last_step(store, first.rank)
-        cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
         if (why := recovery.refuse(reached)) is not None:
             self.say(f"rank {first.rank} {cause}; not recovering in process: {why}")
             self.events.emit("in_process_refused", rank=first.rank, why=why)
             return False
-        self.events.emit(
-            "worker_failed",
-            rank=first.rank,
-            node=first.node,
-            pid=first.pid,
-            returncode=first.returncode,
-            error=detail or None,
-            failure=failure.kind,
-            then=[],
-        )
+        self._worker_failed(first, detail, failure, then=[])
         pending = recovery.begin(first.rank, reached)
         assert pending.spare.proc is not None
         self.restarts += 1

@@ -69,10 +69,14 @@ class RunDir:
         """Where the job's checkpoints go: ``checkpoint.dir`` (a path or a URL), else this run's checkpoints/."""
         return configured or str(self.checkpoints)
 
-    def started_at(self) -> float:
-        """When the run started: the time of its first event."""
-        with self.events.open() as f:
-            return float(json.loads(f.readline())["ts"])
+    def started_at(self) -> float | None:
+        """When the run started: the time of its first event (None before it, or in a directory another
+        launcher made)."""
+        try:
+            with self.events.open() as f:
+                return float(json.loads(f.readline())["ts"])
+        except (OSError, ValueError, KeyError):
+            return None
 
     def log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

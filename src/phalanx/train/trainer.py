@@ -129,7 +129,8 @@ class Trainer:
         self._checkpoint_s = 0.0
         self._last_step_end: float | None = None
         self._step_times: deque[float] = deque(maxlen=20)  # recent steps' wall times, for every_steps: auto
-        self._started = time.time()
+        # The run's start, for the hours a failure rate is measured over (every_steps: auto).
+        self._run_started = (ctx.run_dir.started_at() if ctx.run_dir is not None else None) or time.time()
         self._build(weights=ctx.generation == 0)
         resilience = ctx.spec.resilience
         # In-process recovery: the state in memory, this rank's and a neighbour's (checkpoint/memory.py).
@@ -332,8 +333,8 @@ class Trainer:
         step time and the failures so far; every rank decides from the same figures (their maximum)."""
         assert self.ctx.spec is not None
         resilience, world = self.ctx.spec.resilience, self.ctx.world_size
-        since = self.ctx.run_dir.started_at() if self.ctx.run_dir is not None else self._started
-        figures = torch.tensor([cost_s, statistics.median(self._step_times), time.time() - since], dtype=torch.float64)
+        run_s = time.time() - self._run_started
+        figures = torch.tensor([cost_s, statistics.median(self._step_times), run_s], dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX)
         cost, step_s, run_s = figures.tolist()
         prior = resilience.mtbf_hours or default_mtbf_hours(world)
