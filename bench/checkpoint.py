@@ -14,8 +14,12 @@ round, saves the same training state by each method in turn, training between sa
   pins its buffers unconditionally and fails without CUDA ("Cannot access accelerator device"), and the
   process-based writer (``AsyncCheckpointerType.PROCESS``) hung on CPU here, so neither is used. Training
   waits for the staging to finish before its optimizer changes the weights, as phalanx's does.
-- phalanx: ``CheckpointManager.save`` (async): the copy into reused buffers, then the write, hashing and
-  commit, behind training; the trainer waits in ``staged()`` before its optimizer step.
+- phalanx: ``CheckpointManager.save`` (async): the copy into reused buffers, then the write (each file
+  hashed as it is written) and commit, behind training; the trainer waits in ``staged()`` before its
+  optimizer step.
+- phalanx's memory snapshot (in-process recovery's state, ``checkpoint/memory.py``): each rank serializes its
+  shard into host memory and trades a copy with its ring neighbour; synchronous, so its whole cost is the
+  time it blocks.
 
 Blocked: what the training thread spends in those calls (the save call, then the wait for staging inside
 the next step). Whole cost: blocked, plus, for each step that ran while the write was still going, its
@@ -36,6 +40,7 @@ import _torchrun
 from _report import Report, spread
 
 MAX_STEPS_BESIDE_A_WRITE = 50
+MEMORY = "phalanx memory snapshot"
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -57,7 +62,9 @@ def launch(args: argparse.Namespace) -> None:
         "state by each method in turn; after an async save training goes on until its write is done. "
         f"{args.rounds} timed rounds after one warm-up round, medians, rank 0; {args.repeats} separate runs: "
         "each figure is the median over the runs, with their range. DCP async_save runs with a kept "
-        "`DefaultStager` (async staging into cached buffers), the setting its docs recommend that works on CPU.",
+        "`DefaultStager` (async staging into cached buffers), the setting its docs recommend that works on CPU. "
+        "The memory snapshot is in-process recovery's: each rank's shard serialized into host memory and a copy "
+        "traded with its ring neighbour, synchronously.",
     )
     report.table(
         ["method", "blocked per save, ms", "whole cost per save, ms", "steps beside the write", "first save, ms"],
@@ -79,6 +86,7 @@ def launch(args: argparse.Namespace) -> None:
     report.ratio("phalanx / sync DCP, blocked per save", ratios("blocked", "phalanx", "sync DCP"), "<= 0.05")
     report.ratio("phalanx / DCP async_save, blocked per save", ratios("blocked", "phalanx", "DCP async_save"), "<= 0.5")
     report.ratio("phalanx / DCP async_save, whole cost per save", ratios("cost", "phalanx", "DCP async_save"), "< 1")
+    report.ratio(f"{MEMORY} / phalanx, whole cost per save", ratios("cost", MEMORY, "phalanx"), "")
     report.note(
         "Behind training: phalanx's write, sha256 of every file and commit took "
         f"{spread([r['write_s'] for r in runs], fmt='{:.2f}')} s per save. A training step with no save in flight "
@@ -138,6 +146,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import phalanx
     from phalanx.checkpoint import CheckpointManager
+    from phalanx.checkpoint.memory import PeerMemory
     from phalanx.obs.goodput import write_overhead
     from phalanx.spec.model import Checkpoint
     from phalanx.train.trainer import Trainer
@@ -160,7 +169,8 @@ def worker(args: argparse.Namespace) -> None:
     trainer.checkpoints.close()
     dcp_group = dist.new_group(backend="gloo")
     theirs = DcpAsync(dcp_group, ctx.device.type == "cuda")
-    methods = ("sync DCP", "DCP async_save", "phalanx")
+    memory = PeerMemory(1, lambda: False)
+    methods = ("sync DCP", "DCP async_save", "phalanx", MEMORY)
     blocked: dict[str, list[float]] = {m: [] for m in methods}
     cost: dict[str, list[float]] = {m: [] for m in methods}
     beside: dict[str, list[int]] = {m: [] for m in methods}
@@ -183,9 +193,12 @@ def worker(args: argparse.Namespace) -> None:
             save_id += 1
             where = f"{root}/{method.split()[0]}/save-{save_id}"
             dist.barrier()
-            if method == "sync DCP":
+            if method in ("sync DCP", MEMORY):
                 started = time.perf_counter()
-                dcp.save(trainer.state, checkpoint_id=where)
+                if method == MEMORY:
+                    memory.take(save_id, trainer.in_memory)
+                else:
+                    dcp.save(trainer.state, checkpoint_id=where)
                 took, work = time.perf_counter() - started, []
             else:
                 checkpointer = ours if method == "phalanx" else theirs
@@ -202,7 +215,7 @@ def worker(args: argparse.Namespace) -> None:
                 checkpointer.wait()
                 took = checkpointer.blocked_s
             dist.barrier()
-            if ctx.is_main and method != "phalanx":
+            if ctx.is_main and method in ("sync DCP", "DCP async_save"):
                 shutil.rmtree(where)
             if r == 0:
                 first[method] = took

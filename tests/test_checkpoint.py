@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -21,6 +22,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint import CheckpointDir
 from phalanx.checkpoint.export import read_model
+from phalanx.checkpoint.hashing import hashing_writer
 from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.obs import read_jsonl
 from phalanx.train.models.llama import Llama, LlamaConfig
@@ -94,6 +96,9 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert manifest["step"] == 10 and manifest["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1}
     assert manifest["world_size"] == 2 and len(manifest["spec_hash"]) == 16
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    for name, described in manifest["files"].items():  # the shards hashed while written, .metadata read back
+        data = (ckpt / "step-00000010" / name).read_bytes()
+        assert described == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
     assert CheckpointDir(ckpt).verify(10) is None
     shard = ckpt / "step-00000008" / "__0_0.distcp"
     size = shard.stat().st_size
@@ -101,6 +106,19 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert CheckpointDir(ckpt).verify(8) == f"__0_0.distcp is {size - 100} bytes, the manifest says {size}"
     (ckpt / "step-00000004" / "manifest.json").write_text("{}")
     assert CheckpointDir(ckpt).verify(4) == "manifest.json does not match the sha256 in COMMITTED (corrupt)"
+
+
+def test_a_file_written_out_of_order_is_not_hashed_in_writing(tmp_path: Path) -> None:
+    writer, written = hashing_writer(str(tmp_path), local=True)
+    with writer.fs.create_stream(tmp_path / "appended", "wb") as stream:
+        stream.write(b"abc")
+        stream.write(memoryview(b"defg"))
+    with writer.fs.create_stream(tmp_path / "rewritten", "wb") as stream:
+        stream.write(b"abc")
+        stream.seek(0)
+        stream.write(b"x")
+    assert written == {"appended": {"size": 7, "sha256": hashlib.sha256(b"abcdefg").hexdigest()}}
+    assert (tmp_path / "rewritten").read_bytes() == b"xbc"  # left to be read back
 
 
 def test_sync_and_async_saves_hold_the_same_state(job: Job, tmp_path: Path) -> None:

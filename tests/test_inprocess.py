@@ -4,6 +4,7 @@ it cannot handle falls back to a restart from the last checkpoint, and the event
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import signal
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed import TCPStore
+from torch.utils._pytree import tree_flatten
 
 from conftest import REPO, Job
+from phalanx.checkpoint.memory import restore, serialize
 from phalanx.obs import read_jsonl
 from phalanx.resilience import inprocess
 from phalanx.spec import SpecError, parse_spec
@@ -189,3 +192,52 @@ def test_in_process_needs_the_recipe_one_node_and_two_ranks(resources: str, extr
     with pytest.raises(SpecError) as e:
         parse_spec(f"name: t\nresources: {resources}\n{body}resilience: {{in_process: true}}\n")
     assert "resilience.in_process" in str(e.value) and says in str(e.value)
+
+
+class _Odd:
+    """A Stateful holding tensors a training state can have: 0-d, empty, bool, bf16, a strided view."""
+
+    def __init__(self, base: torch.Tensor):
+        self.tensors = {
+            "scalar": base[0, 0].clone(),
+            "empty": torch.empty(0, 3),
+            "mask": base > 0,
+            "bf16": base.to(torch.bfloat16),
+            "transposed": base.t(),
+            "step": 7,
+        }
+
+    def state_dict(self) -> dict:
+        return self.tensors
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tensors = state
+
+
+def _leaves(state: dict) -> list:
+    return tree_flatten({k: copy.deepcopy(v.state_dict()) for k, v in state.items()})[0]
+
+
+def test_a_memory_snapshot_restores_every_tensor_exactly_and_stays_unchanged() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 5)).sum().backward()
+    optimizer.step()
+    state = {"model": model, "optimizer": optimizer, "odd": _Odd(torch.randn(3, 4))}
+    blob = serialize(state)
+    kept = blob.clone()
+    expected = _leaves(state)
+
+    fresh = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    into = {"model": fresh, "optimizer": torch.optim.AdamW(fresh.parameters()), "odd": _Odd(torch.zeros(3, 4))}
+    restore(blob, into)
+    restored = _leaves(into)
+    assert len(restored) == len(expected)
+    for a, b in zip(restored, expected, strict=True):  # bit for bit, dtype and shape included
+        assert (torch.equal(a, b) and a.dtype == b.dtype) if isinstance(b, torch.Tensor) else a == b
+    odd = into["odd"].tensors
+    assert odd["transposed"].shape == (4, 3) and odd["mask"].dtype == torch.bool and odd["step"] == 7
+    fresh[0].weight.data.add_(1)  # training on after a restore leaves the snapshot as it was
+    next(iter(into["optimizer"].state.values()))["exp_avg"].add_(1)
+    assert torch.equal(blob, kept)

@@ -1,10 +1,10 @@
 """The CheckpointManager: sharded saves through torch.distributed.checkpoint (DCP), committed atomically.
 
 A save becomes visible only once every rank's shards and DCP's metadata are written (DCP's save returns
-on every rank after its final collective), every file is hashed (the ranks share the hashing) and rank 0
-has written the manifest and then the commit marker (see ``directory``). ``latest_valid()`` walks back from
-the newest step and skips, saying why, any checkpoint without a marker or whose files do not match its
-manifest. Loading goes through DCP, which reshards: a checkpoint saved with one layout (FSDP over 4,
+on every rank after its final collective) and hashed (each rank's shards as it writes them, ``hashing``),
+and rank 0 has written the manifest and then the commit marker (see ``directory``). ``latest_valid()``
+walks back from the newest step and skips, saying why, any checkpoint without a marker or whose files do
+not match its manifest. Loading goes through DCP, which reshards: a checkpoint saved with one layout (FSDP over 4,
 TP 2, ...) loads into any other.
 
 Async saves (the default) copy the state into reused CPU buffers and write it, on a background thread whose
@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from phalanx.checkpoint.directory import CheckpointDir
+from phalanx.checkpoint.hashing import hashing_writer
 from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
 from phalanx.resilience.inprocess import NoRecovery
@@ -141,8 +142,9 @@ class CheckpointManager:
         if self.rank == 0:
             self.dir.remove(step)  # leftovers of an earlier attempt at this step, never half-mixed with ours
         dist.barrier(group=self._group)
-        dcp.save(state, checkpoint_id=self.dir.location(step), process_group=self._group)
-        files = self._hash_files(step)
+        writer, written = hashing_writer(self.dir.location(step), self.dir.local)
+        dcp.save(state, storage_writer=writer, process_group=self._group)
+        files = self._describe_files(step, written)
         if self.rank == 0:
             size = sum(f["size"] for f in files.values())
             self.dir.commit(step, {"step": step, "world_size": self.world_size, **self._about, "files": files})
@@ -156,15 +158,15 @@ class CheckpointManager:
             self._retire()
         dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
 
-    def _hash_files(self, step: int) -> dict[str, dict[str, Any]]:
-        """Size and sha256 of every file DCP wrote for the step (its shards and .metadata), each rank hashing
-        its share of rank 0's listing; rank 0 gets them all. (The directory was emptied before the save.)"""
-        names: list[list[str]] = [self.dir.files(step) if self.rank == 0 else []]
-        dist.broadcast_object_list(names, src=0, group=self._group)
-        mine = {name: self.dir.describe_file(step, name) for name in names[0][self.rank :: self.world_size]}
+    def _describe_files(self, step: int, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Size and sha256 of every file of the step, for rank 0: each rank's shards as it wrote them
+        (``hashing``), any other file (DCP's .metadata) read back. (The directory was emptied before the save.)"""
         gathered: list[dict[str, Any]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0, group=self._group)
-        return {name: meta for part in gathered or [] for name, meta in sorted(part.items())}
+        dist.gather_object(written, gathered, dst=0, group=self._group)
+        if gathered is None:
+            return {}
+        known = {name: meta for part in gathered for name, meta in part.items()}
+        return {name: known.get(name) or self.dir.describe_file(step, name) for name in self.dir.files(step)}
 
     def _retire(self) -> None:
         """Delete committed checkpoints that keep_last / keep_every no longer keep; nothing else."""

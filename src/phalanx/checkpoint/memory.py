@@ -15,7 +15,8 @@ rebuilt model's matching parameter again, whose process group is new.
 from __future__ import annotations
 
 import datetime
-import io
+import math
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from torch.utils._pytree import MappingKey, tree_map_only, tree_map_with_path
 from phalanx.resilience.inprocess import PeerLost
 
 KEEP = 2
+ALIGN = 64  # bytes: every tensor of a snapshot starts at a multiple, so it can be viewed as its dtype
 WAIT_SLICE = datetime.timedelta(seconds=0.2)  # a trade looks this often whether a recovery has begun
 
 
@@ -39,22 +41,58 @@ class LocalShard:
     tensor: torch.Tensor
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """Where a tensor's bytes lie in a snapshot."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    shard: bool  # a DTensor's local shard
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def view(self, blob: torch.Tensor) -> torch.Tensor:
+        return blob[self.offset : self.offset + self.nbytes].view(self.dtype).view(self.shape)
+
+
 def serialize(state: dict[str, Any]) -> torch.Tensor:
-    """``state``'s values (Stateful objects or plain values) as bytes in a uint8 tensor: a copy in host memory."""
+    """``state``'s values (Stateful objects or plain values) as bytes in a uint8 tensor, a copy in host memory:
+    every tensor's bytes one after another (each copied once, aligned so it can be viewed in place), then the
+    rest of the state, pickled with the tensors' places, then that pickle's length."""
     flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-    flat = tree_map_only(DTensor, lambda t: LocalShard(t.to_local().detach().cpu()), flat)
-    flat = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), flat)
-    buffer = io.BytesIO()
-    torch.save(flat, buffer)
-    return torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
+    tensors: list[tuple[_Stored, torch.Tensor]] = []
+    end = 0
+
+    def place(t: torch.Tensor) -> _Stored:
+        nonlocal end
+        local = (t.to_local() if isinstance(t, DTensor) else t).detach()
+        stored = _Stored(end, local.dtype, tuple(local.shape), isinstance(t, DTensor))
+        tensors.append((stored, local))
+        end += -(-stored.nbytes // ALIGN) * ALIGN
+        return stored
+
+    skeleton = pickle.dumps(tree_map_only(torch.Tensor, place, flat))
+    blob = torch.empty(end + len(skeleton) + 8, dtype=torch.uint8)
+    for stored, tensor in tensors:
+        stored.view(blob).copy_(tensor)
+    blob[end:-8] = torch.frombuffer(bytearray(skeleton), dtype=torch.uint8)
+    blob[-8:] = torch.tensor([len(skeleton)], dtype=torch.int64).view(torch.uint8)
+    return blob
 
 
 def restore(blob: torch.Tensor, state: dict[str, Any]) -> None:
     """Load a snapshot made by ``serialize`` into ``state``, whose ``model`` and ``optimizer`` entries are the
     rebuilt module and optimizer (native state dicts: loading them runs no collective). A local shard becomes
     a shard of the parameter its path names: by name for the model, by index for optimizer moments (laid out
-    as their parameter)."""
-    flat = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=False)
+    as their parameter). Tensors are copied out of ``blob``, which stays a snapshot."""
+    length = int(blob[-8:].clone().view(torch.int64))
+    skeleton = pickle.loads(blob[-8 - length : -8].numpy().tobytes())
+    flat = tree_map_only(
+        _Stored, lambda s: LocalShard(s.view(blob).clone()) if s.shard else s.view(blob).clone(), skeleton
+    )
     named = state["model"].state_dict()
     params = [p for group in state["optimizer"].param_groups for p in group["params"]]
 
