@@ -34,6 +34,18 @@ ALIGN = 64  # bytes: every tensor of a snapshot starts at a multiple, so it can 
 WAIT_SLICE = datetime.timedelta(seconds=0.2)  # a trade looks this often whether a recovery has begun
 
 
+# Trades given up on, with their process groups. Gloo may never finish a transfer whose peer was killed in the
+# middle of it, and a group's destructor waits for its transfers: were it collected (at any garbage collection
+# after the recovery), the process would hang there. They are kept for the life of the process instead, which
+# then ends without destroying them (``abandoned()``).
+_ABANDONED: list[tuple[dist.Work, Any]] = []
+
+
+def abandoned() -> bool:
+    """Whether this process holds a trade it gave up on: it must end with ``os._exit``, skipping destructors."""
+    return bool(_ABANDONED)
+
+
 @dataclass(frozen=True)
 class LocalShard:
     """This rank's shard of a DTensor, without its (process-group bound) mesh."""
@@ -180,6 +192,7 @@ class PeerMemory:
                 if "timed out" not in str(e):
                     raise
             if self.interrupted():
+                _ABANDONED.append((work, dist.group.WORLD))
                 raise PeerLost("a peer died during a memory snapshot's trade (a recovery has begun)")
 
     def hand_over(self, step: int, to: int) -> None:

@@ -1,9 +1,11 @@
 """Entry point of a built-in-recipe worker: ``python -m phalanx.train.main`` (the supervisor runs it)."""
 
 import os
+import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from phalanx.checkpoint import memory
 from phalanx.spec import load_spec
 from phalanx.train.sdk import init
 from phalanx.train.trainer import Trainer, warm_up
@@ -16,6 +18,10 @@ def main() -> None:
     ctx = init()
     Trainer(ctx).fit()
     ctx.close()
+    if memory.abandoned():  # a process group holds a transfer gloo never ends: its destructor would wait for ever
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

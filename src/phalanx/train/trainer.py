@@ -27,7 +27,7 @@ from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes, resident_bytes
 from phalanx.obs.progress import step_line
 from phalanx.resilience import inprocess
-from phalanx.resilience.inprocess import peer_lost
+from phalanx.resilience.inprocess import PeerLost, peer_lost
 from phalanx.spec import JobSpec, SpecError, dump_spec
 from phalanx.spec.model import Optimizer, Parallel
 from phalanx.train.guard import LossGuard
@@ -300,6 +300,8 @@ class Trainer:
                 except RuntimeError as e:
                     if self.memory is None or not peer_lost(e):
                         raise
+                    if isinstance(e, PeerLost):  # said in this rank's log: the process keeps the trade (memory.py)
+                        print(f"rank {self.ctx.rank}: {e}", flush=True)
                     self._recover(e)
         finally:
             self.batches.close()
