@@ -1,8 +1,8 @@
 """DCP storage writers that hash each file while they write it.
 
-A checkpoint's manifest lists every file's size and sha256. Reading the files back to hash them cost as much
-CPU again as the hashing (page cache to a buffer, at memory-copy speed) and ran beside training, slowing
-its steps; here each byte is hashed once, on its way to the file, by the thread that writes it. DCP writes
+A checkpoint's manifest lists every file's size and sha256. Reading the files back to hash them is a second
+pass over every byte beside training (from the page cache on a local disk, a second download on S3); here
+each byte is hashed once, on its way to the file, by the thread that writes it. DCP writes
 its files front to back (its writes go through stream wrappers that cannot seek), so the hash of what was
 written is the hash of the file; a stream that is seeked anyway gives no hash, and that file is read back.
 """
