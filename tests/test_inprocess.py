@@ -25,7 +25,9 @@ from phalanx.resilience import inprocess
 from phalanx.spec import SpecError, parse_spec
 from test_resilience import _weights
 
-STEPS = 60
+# Long enough that the three kills, each after a spare is ready (seconds on a loaded 2-core machine, while the job
+# trains on at a tenth of a second a step), and the hang after them all land before the job's end.
+STEPS = 200
 
 
 def _spec(job: Job, ckpt: Path, steps: int = STEPS, in_process: bool = True, extra: str = "") -> Path:
