@@ -10,10 +10,9 @@ updated with the failures this run has seen, counting the prior as one failure i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from phalanx.resilience.rates import default_mtbf_hours
+from phalanx.resilience.rates import default_mtbf_hours, young_daly_s
 
 FIRST_EVERY_STEPS = 10  # until a save's cost has been measured
 __all__ = ["FIRST_EVERY_STEPS", "Interval", "choose", "default_mtbf_hours"]
@@ -39,5 +38,5 @@ class Interval:
 def choose(cost_s: float, step_s: float, prior_mtbf_hours: float, failures: int, run_hours: float) -> Interval:
     """The interval for a save costing ``cost_s`` and steps of ``step_s``, after ``failures`` in ``run_hours``."""
     mtbf_hours = (prior_mtbf_hours + run_hours) / (1 + failures)
-    seconds = math.sqrt(2 * cost_s * mtbf_hours * 3600)
+    seconds = young_daly_s(cost_s, mtbf_hours * 3600)
     return Interval(max(1, round(seconds / step_s)), seconds, cost_s, step_s, mtbf_hours, failures)

@@ -24,7 +24,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE
+from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE, young_daly_s
 
 # Llama 3 (Dubey et al., 2024), table 5: unexpected interruptions over 54 days of pre-training on 16,384 GPUs,
 # by root cause, with the scope a recovery has to deal with.
@@ -104,7 +104,7 @@ def storage_interval_s(strategy: Strategy, gpus: int, costs: Costs) -> float:
     restarting = sum(share for scope, share in scope_shares().items() if not strategy.recovers(scope))
     if restarting == 0:
         return math.inf
-    return math.sqrt(2 * costs.save_s / failures_per_s(gpus, restarting))
+    return young_daly_s(costs.save_s, 1 / failures_per_s(gpus, restarting))
 
 
 def snapshot_every(strategy: Strategy, gpus: int, costs: Costs) -> int:
@@ -113,7 +113,7 @@ def snapshot_every(strategy: Strategy, gpus: int, costs: Costs) -> int:
     if costs.snapshot_every is not None:
         return costs.snapshot_every
     recovered = sum(share for scope, share in scope_shares().items() if strategy.recovers(scope))
-    seconds = math.sqrt(2 * costs.snapshot_s / failures_per_s(gpus, recovered))
+    seconds = young_daly_s(costs.snapshot_s, 1 / failures_per_s(gpus, recovered))
     return max(1, round(seconds / costs.step_s))
 
 
