@@ -268,7 +268,7 @@ def test_a_slowed_rank_is_reported_as_a_straggler(job: Job, tmp_path: Path) -> N
         " optimizer: {warmup_steps: 2}}\n"
         f"checkpoint: {{dir: '{tmp_path / 'ckpt'}', every_steps: 1000}}\nresilience: {{straggler_factor: 1.3}}\n"
     )
-    slow = _chaos(job, "slow", "--rank", "1", "--slow-s", "12", "--at-step", "3")
+    slow = _chaos(job, "slow", "--rank", "1", "--slow-s", "12", "--slow-speed", "0.3", "--at-step", "3")
     sup, run = _launch(job, spec)
     _, said = slow.communicate(timeout=180)
     assert slow.returncode == 0 and "slowed rank 1" in said, said

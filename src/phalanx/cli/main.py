@@ -244,6 +244,7 @@ def chaos(
     ),
     seed: int | None = typer.Option(None, help="seed of the random rank, to repeat a chaos run"),
     slow_s: float = typer.Option(10.0, "--slow-s", help="how long `slow` keeps the rank slow"),
+    slow_speed: float = typer.Option(0.5, "--slow-speed", help="the share of its speed `slow` leaves the rank"),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long to wait for the run and for --at-step"),
 ) -> None:
     """Inject a fault into a running job: kill or hang a rank, slow it down, poison a step with NaN or a loss
@@ -254,6 +255,7 @@ def chaos(
         FAULTS,
         RANK_FAULTS,
         ChaosError,
+        check_slow_speed,
         current_attempt,
         inject,
         running_run,
@@ -265,6 +267,7 @@ def chaos(
         raise typer.Exit(2)
     draw = random.Random(seed)
     try:
+        check_slow_speed(slow_speed)
         target = running_run(run, timeout_s)
         if at_step is not None:
             low, _, high = at_step.partition("-")
@@ -274,7 +277,7 @@ def chaos(
             wait_for_step(target, draw.randint(int(low), int(high or low)), timeout_s)
         if rank is None and fault in RANK_FAULTS:
             rank = draw.randrange(len(current_attempt(target).pids))
-        done = inject(target, fault, rank if rank is not None else 0, slow_s)
+        done = inject(target, fault, rank if rank is not None else 0, slow_s, slow_speed)
     except ChaosError as e:
         err.print(f"[bold red]cannot inject[/]: {e}", highlight=False)
         raise typer.Exit(1) from None

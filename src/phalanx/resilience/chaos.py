@@ -2,7 +2,7 @@
 
     kill     SIGKILL a rank (a crash, the OOM killer, a lost node)
     hang     SIGSTOP a rank and leave it stopped (a hung collective); the hang detector must find it
-    slow     stop and continue a rank in turns for a while (a straggler: a slow device or host)
+    slow     stop and continue a rank in short turns for a while (a straggler: a slow device or host)
     nan      make the next step's loss NaN (through the job's c10d store; resilience.on_nan applies)
     spike    make the next step's loss spike (one rank's loss times 10; resilience.on_nan applies)
     corrupt  flip a byte in the newest committed checkpoint (latest_valid() must skip it)
@@ -27,6 +27,7 @@ from phalanx.spec import load_spec
 from phalanx.train.sdk import CHAOS_LOSS_KEY
 
 RANK_FAULTS = ("kill", "hang", "slow")  # the faults that strike one rank
+SLOW_TURN_S = 0.01  # a slowed rank is stopped, then runs, within each turn this long
 FAULTS = (*RANK_FAULTS, "nan", "spike", "corrupt")
 TAKE_TIMEOUT_S = 60.0  # how long a loss fault may wait for the job's next step
 
@@ -86,7 +87,12 @@ def wait_for_step(run: RunDir, step: int, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0) -> str:
+def check_slow_speed(speed: float) -> None:
+    if not 0 < speed < 1:
+        raise ChaosError(f"--slow-speed {speed:g}: the share of its speed the rank keeps, above 0 and below 1")
+
+
+def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0, slow_speed: float = 0.5) -> str:
     """Inject ``fault`` into the run's current attempt; returns what was done, in words."""
     if fault == "corrupt":
         return _corrupt_newest_checkpoint(run)
@@ -111,13 +117,16 @@ def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0) -> str:
         os.kill(pid, signal.SIGSTOP)
         return f"stopped rank {rank} (pid {pid}) with SIGSTOP; it stays stopped"
     if fault == "slow":
+        check_slow_speed(slow_speed)
+        # stopped and continued in turns short against a step, so every step's compute slows alike (turns of 50 ms
+        # struck a step's forward pass in some steps only, and the rank's median compute hid them)
         deadline = time.monotonic() + slow_s
-        while time.monotonic() < deadline:  # half the time stopped: the rank runs at about half speed
+        while time.monotonic() < deadline:
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.05)
+            time.sleep((1 - slow_speed) * SLOW_TURN_S)
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.05)
-        return f"slowed rank {rank} (pid {pid}) to about half speed for {slow_s:g} s"
+            time.sleep(slow_speed * SLOW_TURN_S)
+        return f"slowed rank {rank} (pid {pid}) to about {slow_speed:.0%} of its speed for {slow_s:g} s"
     raise ChaosError(f"unknown fault {fault!r}; faults: {', '.join(FAULTS)}")
 
 
