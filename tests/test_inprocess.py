@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from conftest import REPO, Job
 from phalanx.checkpoint.memory import restore, serialize
+from phalanx.launch import priority
 from phalanx.obs import read_jsonl
 from phalanx.resilience import inprocess
 from phalanx.spec import SpecError, parse_spec
@@ -28,6 +29,7 @@ from test_resilience import _weights
 # Long enough that the three kills, each after a spare is ready (seconds on a loaded 2-core machine, while the job
 # trains on at a tenth of a second a step), and the hang after them all land before the job's end.
 STEPS = 200
+AUTOGROUPS = Path("/proc/self/autogroup").exists()
 
 
 def _spec(job: Job, ckpt: Path, steps: int = STEPS, in_process: bool = True, extra: str = "") -> Path:
@@ -111,6 +113,8 @@ def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_rest
     _kill_after(sup, run, rank=1, recoveries=2, steps_after=3)
     _wait(sup, "the third recovery", lambda: len(_events(run, "recovered_in_process")) >= 3)
     _wait(sup, "a checkpoint", lambda: len(_events(run, "checkpoint_committed")) >= 2)
+    if AUTOGROUPS:  # rank 1 is a spare started beside training, at the lowest priority until it took the rank
+        assert _session_nice(_current_pids(run)[1]) == priority.NORMAL
     os.kill(_current_pids(run)[0], signal.SIGSTOP)  # a hang: not recovered in process
     out = _output(job, sup, timeout=240)
     assert sup.returncode == 0, out[-4000:]
@@ -139,6 +143,22 @@ def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_rest
     assert "warm spare" in (run / "logs" / "rank-0.log").read_text()
     spent = (run / "goodput.json").read_text()
     assert '"recovery"' in spent
+
+
+def _session_nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])  # "/autogroup-123 nice 19"
+
+
+@pytest.mark.skipif(not AUTOGROUPS, reason="this kernel schedules without autogroups")
+def test_a_spare_session_gets_the_lowest_priority_and_a_rank_s_back() -> None:
+    spare = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert priority.set_session_nice(spare.pid, priority.LOWEST) and _session_nice(spare.pid) == 19
+        assert priority.set_session_nice(spare.pid, priority.NORMAL) and _session_nice(spare.pid) == 0
+    finally:
+        spare.kill()
+        spare.wait()
+    assert not priority.set_session_nice(spare.pid, priority.LOWEST)  # gone
 
 
 def test_twenty_recoveries_leak_no_memory_and_no_process_groups(job: Job, tmp_path: Path) -> None:

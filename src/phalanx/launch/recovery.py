@@ -3,13 +3,14 @@
 With ``resilience.in_process`` each attempt keeps ``warm_spares`` spare processes started beside its
 workers: Python and torch imported, joined the attempt's store, waiting. When a rank's process dies, the
 supervisor gives a ready spare that rank (its environment, ``rank_env``), says which generation replaces it,
-puts the spare in the dead worker's place in the worker group and starts a new spare for the next failure.
+puts the spare in the dead worker's place in the worker group and starts a new spare for the next failure,
+at the lowest CPU priority until it takes a rank (launch/priority.py), so its start does not slow training.
 The survivors and the spare then rebuild on the new process group and restore the state from memory.
 
 It does not recover in process, and the job restarts from its last checkpoint instead, when:
 - the failure is not a dead process (a hang, a lost node: their peers cannot be told apart from the dead),
   or is a user error (not retried at all);
-- no spare is ready (each takes seconds to start: failures closer together than that);
+- no spare is ready (each takes seconds of CPU to start, more on a busy host: failures closer together);
 - another rank fails during a recovery, the recovery is not done within ``recovery_timeout_s``, or a rank
   fails before the job has got past the step where the previous recovery began (repeated failures).
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from torch.distributed import TCPStore
 
+from phalanx.launch import priority
 from phalanx.launch.node import Plan, rank_env, spare_worker
 from phalanx.launch.workers import Worker, WorkerGroup
 from phalanx.obs.rundir import RunDir
@@ -53,13 +55,17 @@ class InProcessRecovery:
         self._past: int | None = None  # the job must get past this step before the next recovery in process
 
     def start_spares(self) -> None:
+        """The attempt's first spares, started with its workers at their priority: ready as soon as they are."""
         for _ in range(self.spec.resilience.warm_spares):
-            self._start_spare()
+            self._start_spare(beside_training=False)
 
-    def _start_spare(self) -> None:
+    def _start_spare(self, beside_training: bool) -> None:
         spare = spare_worker(self.plan, self.node, self.spec, self.run_dir, self._numbered)
         self._numbered += 1
         self.group.start_one(spare, f"attempt {self.plan.attempt}: warm spare {spare.spare}")
+        assert spare.proc is not None
+        if beside_training:  # it starts on the CPU that training leaves
+            priority.set_session_nice(spare.proc.pid, priority.LOWEST)
         self.spares.append(spare)
 
     def ready_spare(self) -> Worker | None:
@@ -83,6 +89,7 @@ class InProcessRecovery:
         assert spare is not None and spare.spare is not None and spare.proc is not None
         self.spares.remove(spare)
         self.generation += 1
+        priority.set_session_nice(spare.proc.pid, priority.NORMAL)  # a rank's share again, before it is told
         local_rank = rank - self.plan.ranks(self.node).start
         self.store.set(
             inprocess.assign_key(spare.spare),
@@ -100,7 +107,7 @@ class InProcessRecovery:
         timeout = self.spec.resilience.recovery_timeout_s
         self.pending = Pending(self.generation, rank, spare, reached, now, now + timeout)
         self._past = reached
-        self._start_spare()
+        self._start_spare(beside_training=True)
         return self.pending
 
     def not_done(self) -> list[int]:
