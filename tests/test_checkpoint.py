@@ -324,8 +324,12 @@ def test_s3_round_trip(job: Job, tmp_path: Path, s3_server: dict[str, str]) -> N
 
 @pytest.mark.parametrize(
     "procs, parallel, model",
-    [(2, "{tp: 2}", "{preset: llama-tiny}"), (2, "{}", "{preset: llama-tiny, tie_embeddings: true}")],
-    ids=["untied-from-tp2", "tied-from-fsdp2"],
+    [
+        (2, "{tp: 2}", "{preset: llama-tiny}"),
+        (2, "{}", "{preset: llama-tiny, tie_embeddings: true}"),
+        (2, "{tp: 2}", "{preset: llama-tiny, tie_embeddings: true}"),
+    ],
+    ids=["untied-from-tp2", "tied-from-fsdp2", "tied-from-tp2"],
 )
 def test_export_to_safetensors_reproduces_the_logits(
     job: Job, tmp_path: Path, procs: int, parallel: str, model: str

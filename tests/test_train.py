@@ -30,11 +30,12 @@ def _train(
     extra: str = "",
     runs_as: str = "",
     checkpoint: str = "{}",
+    model: str = "{preset: llama-tiny}",
 ):
     """Run the recipe through `phalanx run`; its metrics, one dict a step."""
     spec = job.spec(
         f"name: t\nresources: {{procs_per_node: {procs}, device: cpu}}\n"
-        f"train: {{model: {{preset: llama-tiny}}, parallel: {parallel}, steps: {steps}, global_batch: 8,"
+        f"train: {{model: {model}, parallel: {parallel}, steps: {steps}, global_batch: 8,"
         f" micro_batch: {micro_batch}, seq_len: 32, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}{extra}}}\n"
         f"checkpoint: {checkpoint}\n"
     )
@@ -67,7 +68,19 @@ def reference(tmp_path_factory) -> list[dict]:
     ids=["fsdp2", "hsdp2x2", "tp2", "fsdp2_tp2"],
 )
 def test_parallel_loss_curve_matches_single_process(job: Job, reference, procs, parallel, micro_batch, held) -> None:
-    got = _train(job, procs, parallel, micro_batch, held)
+    _assert_same_curve(_train(job, procs, parallel, micro_batch, held), reference, procs)
+
+
+def test_tensor_parallel_with_tied_embeddings_matches_single_process(job: Job, tmp_path_factory) -> None:
+    """The embedding and the output projection share one matrix, sharded by vocabulary across the TP ranks."""
+    tied = "{preset: llama-tiny, tie_embeddings: true}"
+    reference = _train(Job(tmp_path_factory.mktemp("tied")), 1, "{}", 8, "115,008 params (100.0%)", model=tied)
+    _assert_same_curve(_train(job, 2, "{tp: 2}", 4, "57,664 params (50.1%)", model=tied), reference, 2)
+    presets = "name: t\nresources: {procs_per_node: 2}\ntrain: {model: {preset: llama3-1b}, parallel: {tp: 2}}\n"
+    assert model_config(parse_spec(presets)).tie_embeddings  # llama3-1b and 3b take tp > 1
+
+
+def _assert_same_curve(got: list[dict], reference: list[dict], procs: int) -> None:
     assert [m["step"] for m in got] == list(range(STEPS))
     want_loss = [m["loss"] for m in reference]
     assert want_loss[-1] < want_loss[0] - 0.05  # the run learns, so the comparison means something
@@ -169,7 +182,6 @@ def test_lr_schedule() -> None:
             "train.parallel.tp",
             "4 does not divide model.n_kv_heads = 2",
         ),
-        ("{model: {preset: llama3-1b}, parallel: {tp: 2}}", "train.parallel.tp", "embeddings are tied"),
         ("{model: {preset: gpt2}}", "train.model.preset", "'gpt2' is not a preset; valid presets: llama-tiny"),
         ("{model: {preset: llama-tiny, n_heads: 3}}", "train.model", "must be divisible by model.n_heads = 3"),
         ("{model: {preset: llama-tiny}, seq_len: 4096}", "train.seq_len", "longer than the model's max_seq_len 2048"),

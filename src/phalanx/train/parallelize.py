@@ -79,6 +79,7 @@ def parallelize(model: Llama, mesh: Mesh, train: Train) -> nn.Module:
     p = mesh.parallel
     if p.tp > 1:
         _apply_tp(model, mesh.mesh["tp"])
+        model.tie_weights()  # TP gave each module a DTensor of its own; both are the matrix sharded by vocabulary
     if train.activation_checkpoint != "off":
         _apply_activation_checkpointing(model, selective=train.activation_checkpoint == "selective")
     if train.compile:

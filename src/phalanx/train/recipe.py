@@ -31,14 +31,6 @@ def model_config(spec: JobSpec) -> LlamaConfig:
         for name in TP_SPLIT_FIELDS
         if getattr(cfg, name) % tp
     ]
-    if tp > 1 and cfg.tie_embeddings:
-        issues.append(
-            SpecIssue(
-                "train.parallel.tp",
-                f"{tp} with preset {m.preset!r}, whose embeddings are tied; "
-                "tensor parallel needs untied embeddings: use tp: 1",
-            )
-        )
     if t.seq_len > cfg.max_seq_len:
         issues.append(
             SpecIssue(
