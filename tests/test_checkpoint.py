@@ -25,7 +25,7 @@ from phalanx.checkpoint.export import read_model
 from phalanx.checkpoint.hashing import hashing_writer
 from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.obs import read_jsonl
-from phalanx.train.models.llama import Llama, LlamaConfig
+from phalanx.train.models.llama import PRESETS, Llama, LlamaConfig
 
 
 def _spec(job: Job, ckpt: Path | str, procs: int = 2, parallel: str = "{}", steps: int = 12, extra: str = "") -> Path:
@@ -93,7 +93,14 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
         "step-00000010",
     ]  # last 2 (8, 10) plus every 4th (4, 8)
     manifest = json.loads((ckpt / "step-00000010" / "manifest.json").read_text())
-    assert manifest["step"] == 10 and manifest["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1}
+    assert manifest["step"] == 10 and manifest["layout"] == {
+        "pp": 1,
+        "pp_schedule": "1F1B",
+        "pp_stages_per_rank": 1,
+        "dp_replicate": 1,
+        "dp_shard": 2,
+        "tp": 1,
+    }
     assert manifest["world_size"] == 2 and len(manifest["spec_hash"]) == 16
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     for name, described in manifest["files"].items():  # the shards hashed while written, .metadata read back
@@ -214,8 +221,15 @@ def saved_by_fsdp4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
 
 @pytest.mark.parametrize(
     "procs, parallel",
-    [(1, "{}"), (2, "{}"), (2, "{tp: 2}"), (4, "{dp_replicate: 2, dp_shard: 2}")],
-    ids=["1rank", "fsdp2", "tp2", "hsdp2x2"],
+    [
+        (1, "{}"),
+        (2, "{}"),
+        (2, "{tp: 2}"),
+        (4, "{dp_replicate: 2, dp_shard: 2}"),
+        (2, "{pp: 2}"),
+        (4, "{pp: 2, dp_shard: 2}"),
+    ],
+    ids=["1rank", "fsdp2", "tp2", "hsdp2x2", "pp2", "pp2_fsdp2"],
 )
 def test_checkpoint_reshards_into_another_layout(
     job: Job, tmp_path: Path, saved_by_fsdp4: tuple[Path, dict[int, float]], procs: int, parallel: str
@@ -228,6 +242,32 @@ def test_checkpoint_reshards_into_another_layout(
     other = _losses(job.run_dir())
     assert sorted(other) == [4, 5]
     assert [other[s] for s in (4, 5)] == pytest.approx([same[s] for s in (4, 5)], rel=1e-5)
+
+
+def test_a_pipeline_checkpoint_loads_into_layouts_without_one_and_exports(
+    job: Job, tmp_path: Path, saved_by_fsdp4: tuple[Path, dict[int, float]]
+) -> None:
+    """Saved at step 4 by 2 pipeline stages (each rank wrote its stage's blocks under the whole model's names),
+    continued by one rank and by FSDP 2: the losses FSDP 4 went on with. Exported as the whole model."""
+    _, same = saved_by_fsdp4
+    saved = tmp_path / "pp"
+    _run(job, _spec(job, saved, parallel="{pp: 2}", steps=4))
+    for procs, parallel in ((1, "{}"), (2, "{}")):
+        shutil.copytree(saved, tmp_path / f"{procs}")
+        result = _run(job, _spec(job, tmp_path / f"{procs}", procs=procs, parallel=parallel, steps=6))
+        assert "at step 4" in result.stdout
+        other = _losses(_run_dirs(job)[-1])
+        assert [other[s] for s in (4, 5)] == pytest.approx([same[s] for s in (4, 5)], rel=1e-5)
+    cli = subprocess.run(
+        [sys.executable, "-m", "phalanx", "ckpt", "export", str(saved), "--out", str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 0 and "exported step 4" in cli.stderr, cli.stderr
+    _, weights = read_model(CheckpointDir(saved), 4)
+    whole = Llama(PRESETS["llama-tiny"])
+    assert weights.keys() == whole.state_dict().keys()  # every stage's modules, under the whole model's names
 
 
 def test_kill_9_a_rank_in_the_middle_of_a_save(job: Job, tmp_path: Path) -> None:

@@ -378,7 +378,8 @@ def test_resized_spec_refills_the_shard_degree_or_says_why_not() -> None:
         "name: t\nresources: {procs_per_node: 4, device: cpu}\n"
         "train: {parallel: {tp: 2, dp_shard: 2}, global_batch: 8, micro_batch: 2, optimizer: {warmup_steps: 2}}\n"
     )
-    assert resized(spec, 2).parallel.model_dump() == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    kept = {"pp": 1, "pp_schedule": "1F1B", "pp_stages_per_rank": 1, "dp_replicate": 1, "tp": 2}
+    assert resized(spec, 2).parallel.model_dump() == {**kept, "dp_shard": 1}
     with pytest.raises(SpecError) as e:
         resized(spec, 3)  # 3 ranks do not divide by tp 2
     assert [issue.path for issue in e.value.issues] == ["train.parallel"]

@@ -82,12 +82,54 @@ BAD = [
     (
         "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {dp_shard: 4}}\n",
         "train.parallel",
-        "1 x 4 x 1 does not fit the world size nodes x procs_per_node = 1 x 2 = 2",
+        "1 x 1 x 4 x 1 does not fit the world size nodes x procs_per_node = 1 x 2 = 2",
     ),
     (
         "name: a\nresources: {procs_per_node: 6}\ntrain: {parallel: {tp: 4}}\n",
         "train.parallel",
-        "1 x -1 x 4 does not fit the world size nodes x procs_per_node = 1 x 6 = 6",
+        "1 x 1 x -1 x 4 does not fit the world size nodes x procs_per_node = 1 x 6 = 6",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 6}\ntrain: {parallel: {pp: 4}}\n",
+        "train.parallel",
+        "pp x dp_replicate x dp_shard x tp = 4 x 1 x -1 x 1 does not fit the world size",
+    ),
+    (  # a pipeline's micro-batches: global_batch / (micro_batch x dp) = 8 / (4 x 2) = 1, fewer than 2 stages
+        "name: a\nresources: {procs_per_node: 4}\ntrain: {parallel: {pp: 2}, global_batch: 8, micro_batch: 4}\n",
+        "train.micro_batch",
+        "1 micro-batch(es) a step (global_batch / (micro_batch x data-parallel degree)) for pp = 2 stages with "
+        "pp_schedule 1F1B, which needs at least one per stage",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {pp: 2, pp_schedule: Interleaved1F1B, "
+        "pp_stages_per_rank: 2}, global_batch: 5, micro_batch: 1}\n",
+        "train.micro_batch",
+        "in count // pp = 2 rounds, so the count must be a multiple of 2; valid counts near it: 2, 3, 4, 6",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {pp: 2, pp_stages_per_rank: 2}}\n",
+        "train.parallel",
+        "pp_stages_per_rank = 2 with pp_schedule 1F1B, which runs one stage per rank",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {pp: 2, pp_schedule: ZB}}\n",
+        "train.parallel.pp_schedule",
+        "'Interleaved1F1B', 'InterleavedZeroBubble' or 'ZBVZeroBubble'",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {pp: 2, pp_schedule: ZBVZeroBubble}}\n",
+        "train.parallel",
+        "pp_stages_per_rank = 1 with pp_schedule ZBVZeroBubble, which runs two stages per rank",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 4}\ntrain: {parallel: {pp: 2, pp_schedule: InterleavedZeroBubble}}\n",
+        "train.parallel.pp_schedule",
+        "InterleavedZeroBubble with a data-parallel degree of 2: FSDP reduces a block's gradients",
+    ),
+    (
+        "name: a\nresources: {procs_per_node: 2}\ntrain: {parallel: {pp: 2}}\nresilience: {in_process: true}\n",
+        "resilience.in_process",
+        "in-process recovery does not rebuild pipeline stages yet",
     ),
     (
         "name: a\nresources: {procs_per_node: 2}\ntrain: {global_batch: 12, micro_batch: 4}\n",
@@ -134,7 +176,7 @@ def test_validate_command_prints_resolved_spec(tmp_path) -> None:
     result = _cli("validate", str(path))
     assert result.returncode == 0, result.stderr
     assert parse_spec(result.stdout) == load_spec(path)  # the printed spec is itself a valid, equal spec
-    assert "mesh: dp_replicate=1 dp_shard=2 tp=2 (world size 4)" in result.stderr
+    assert "mesh: pp=1 dp_replicate=1 dp_shard=2 tp=2 (world size 4)" in result.stderr
 
 
 def test_validate_command_reports_errors_with_exit_code_2(tmp_path) -> None:

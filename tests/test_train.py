@@ -80,6 +80,46 @@ def test_tensor_parallel_with_tied_embeddings_matches_single_process(job: Job, t
     assert model_config(parse_spec(presets)).tie_embeddings  # llama3-1b and 3b take tp > 1
 
 
+FOUR_BLOCKS = "{preset: llama-tiny, n_layers: 4}"  # room for 2 pipeline stages of 2 blocks, or 4 of 1
+
+
+@pytest.fixture(scope="module")
+def four_blocks(tmp_path_factory) -> list[dict]:
+    """The pipeline tests' model on a single process, the whole global batch in one micro-batch."""
+    return _train(Job(tmp_path_factory.mktemp("four")), 1, "{}", 8, "229,952 params (100.0%)", model=FOUR_BLOCKS)
+
+
+@pytest.mark.parametrize(
+    "procs, parallel, held",
+    [
+        (2, "{pp: 2}", "114,944 params (50.0%)"),  # 1F1B, 4 micro-batches over 2 stages
+        (2, "{pp: 2, pp_schedule: GPipe}", "114,944 params (50.0%)"),
+        # rank 0 runs stages 0 and 2 of 4 (the embedding, blocks 0 and 2), rank 1 stages 1 and 3
+        (2, "{pp: 2, pp_schedule: Interleaved1F1B, pp_stages_per_rank: 2}", "114,944 params (50.0%)"),
+        (2, "{pp: 2, pp_schedule: InterleavedZeroBubble, pp_stages_per_rank: 2}", "114,944 params (50.0%)"),
+        # V-shaped: rank 0 runs stages 0 and 3 (the embedding, blocks 0 and 3, the norm and the output)
+        (2, "{pp: 2, pp_schedule: ZBVZeroBubble, pp_stages_per_rank: 2}", "131,392 params (57.1%)"),
+        (4, "{pp: 2, dp_shard: 2}", "57,472 params (25.0%)"),  # each stage FSDP-sharded over 2 ranks
+        (4, "{pp: 2, tp: 2}", "57,600 params (25.0%)"),  # each stage tensor-parallel over 2 ranks
+        (8, "{pp: 2, dp_shard: 2, tp: 2}", "28,800 params (12.5%)"),  # the 4-D mesh: pp x dp_replicate x dp_shard x tp
+    ],
+    ids=[
+        "pp2_1f1b",
+        "pp2_gpipe",
+        "pp2_interleaved",
+        "pp2_interleaved_zb",
+        "pp2_zbv",
+        "pp2_fsdp2",
+        "pp2_tp2",
+        "pp2_fsdp2_tp2",
+    ],
+)
+def test_pipeline_loss_curve_matches_single_process(job: Job, four_blocks, procs, parallel, held) -> None:
+    got = _train(job, procs, parallel, 2, held, model=FOUR_BLOCKS)
+    _assert_same_curve(got, four_blocks, procs)
+    assert all(m["bubble"] is not None and 0 < m["bubble"] < 1 for m in got)
+
+
 def _assert_same_curve(got: list[dict], reference: list[dict], procs: int) -> None:
     assert [m["step"] for m in got] == list(range(STEPS))
     want_loss = [m["loss"] for m in reference]
@@ -183,6 +223,16 @@ def test_lr_schedule() -> None:
             "4 does not divide model.n_kv_heads = 2",
         ),
         ("{model: {preset: gpt2}}", "train.model.preset", "'gpt2' is not a preset; valid presets: llama-tiny"),
+        (
+            "{model: {preset: llama-tiny, n_layers: 3}, parallel: {pp: 2}}",
+            "train.parallel.pp",
+            "pp x pp_stages_per_rank = 2 x 1 = 2 stages do not divide model.n_layers = 3",
+        ),
+        (
+            "{model: {preset: llama3-1b}, parallel: {pp: 2}}",
+            "train.parallel.pp",
+            "the embedding is in the first stage and the output projection in the last",
+        ),
         ("{model: {preset: llama-tiny, n_heads: 3}}", "train.model", "must be divisible by model.n_heads = 3"),
         ("{model: {preset: llama-tiny}, seq_len: 4096}", "train.seq_len", "longer than the model's max_seq_len 2048"),
     ],
@@ -232,8 +282,8 @@ def test_meta_init_on_one_rank_gives_the_same_weights_as_whole_init(tie: bool) -
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = build_mesh("cpu", spec.parallel)
-        whole = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=False)
-        meta = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=True)
+        whole, _ = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=False)
+        meta, _ = build_model(cfg, mesh, spec.train, torch.device("cpu"), on_meta=True)
     finally:
         dist.destroy_process_group()
     a, b = whole.state_dict(), meta.state_dict()

@@ -24,7 +24,7 @@ cfg = model_config(spec)
 mesh = build_mesh("cpu", spec.parallel)
 seen = {}
 for path, on_meta in (("meta", True), ("whole", False)):
-    model = build_model(cfg, mesh, spec.train, ctx.device, on_meta=on_meta)
+    model, _ = build_model(cfg, mesh, spec.train, ctx.device, on_meta=on_meta)
     dtypes: list[list[str]] = []
 
     def note(_module, args, dtypes=dtypes):

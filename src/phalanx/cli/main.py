@@ -50,9 +50,18 @@ def validate(job: Path = JOB) -> None:
     if spec.parallel:
         p = spec.parallel
         err.print(
-            f"mesh: dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} "
+            f"mesh: pp={p.pp} dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} "
             f"(world size {spec.resources.world_size})"
         )
+        if p.pp > 1:
+            from phalanx.train.pipeline import bubble_fraction
+
+            assert spec.train is not None
+            microbatches = spec.train.global_batch // (spec.train.micro_batch * p.dp)
+            err.print(
+                f"pipeline: {p.pp_schedule}, {p.stages} stages, {microbatches} micro-batches a step, "
+                f"bubble {bubble_fraction(p, microbatches):.1%} in theory"
+            )
 
 
 RUNS_DIR = typer.Option(

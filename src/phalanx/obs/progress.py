@@ -19,6 +19,7 @@ FIGURES: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("lr", "lr", lambda v: f"{v:.2e}"),
     ("tokens_per_s", "tok/s", lambda v: f"{v:9,.0f}"),
     ("mfu", "mfu", lambda v: f"{v:6.1%}"),
+    ("bubble", "bubble", lambda v: f"{v:5.1%}"),  # a pipeline's idle share in theory, which MFU pays
     ("peak_memory_bytes", "mem", lambda v: f"{v / 2**30:5.2f} GiB"),
     ("step_time_s", "step", lambda v: f"{v * 1e3:7.1f} ms"),
 )

@@ -92,8 +92,10 @@ def markdown() -> str:
         "spec with every default filled in.",
         "",
         "A job gives exactly one of `train:` (the built-in LLM recipe) and `command:` (any script, run on every "
-        "rank). Rules across fields: dp_replicate x dp_shard x tp must equal nodes x procs_per_node; "
-        "global_batch must be a multiple of micro_batch x the data-parallel size; warmup_steps at most steps.",
+        "rank). Rules across fields: pp x dp_replicate x dp_shard x tp must equal nodes x procs_per_node; "
+        "global_batch must be a multiple of micro_batch x the data-parallel size; with pp > 1 the quotient is "
+        "the number of micro-batches a step, at least pp for 1F1B, and the model's n_layers must divide into "
+        "pp x pp_stages_per_rank stages; warmup_steps at most steps.",
     ]
     body = [section(key, models[model], defs) for model, key in SECTIONS]
     return "\n".join(head) + "\n\n" + "\n\n".join(body) + "\n"

@@ -1,6 +1,7 @@
 """Apply the spec's parallelism to a model: device mesh, tensor parallel, activation checkpointing,
-torch.compile, FSDP2 / HSDP — in that order, the order torchtitan established (TP before FSDP so that FSDP
-shards DTensors over the data-parallel dims; checkpoint and compile per block, inside the FSDP units).
+torch.compile, the pipeline split, FSDP2 / HSDP: in that order, the order torchtitan established (TP before
+FSDP so that FSDP shards DTensors over the data-parallel dims; checkpoint and compile per block, inside the
+FSDP units; FSDP per pipeline stage, each stage its own root).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -24,9 +24,10 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from phalanx.spec.model import Parallel, Train
+from phalanx.train import pipeline
 from phalanx.train.models.llama import Llama, LlamaConfig
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # torchtitan's order: pp outermost, tp innermost
 
 
 @dataclass(frozen=True)
@@ -45,37 +46,49 @@ class Mesh:
 
 
 def build_mesh(device_type: str, parallel: Parallel) -> Mesh:
-    shape = (parallel.dp_replicate, parallel.dp_shard, parallel.tp)
+    shape = (parallel.pp, parallel.dp_replicate, parallel.dp_shard, parallel.tp)
     return Mesh(init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS), parallel)
 
 
 def build_model(
     cfg: LlamaConfig, mesh: Mesh, train: Train, device: torch.device, on_meta: bool, weights: bool = True
-) -> nn.Module:
-    """The parallelized model with its initial weights, the same for every seed-identical rank.
+) -> tuple[Llama, list[Llama]]:
+    """The parallelized model with its initial weights, the same for every seed-identical rank, and the
+    pipeline stages this rank runs. Without a pipeline the one stage is the model; with one, the model keeps
+    only the modules of this rank's stages (its state dict is the whole model's, restricted) and each stage
+    is a model made of some of them.
 
     ``on_meta``: build on the meta device, parallelize, then materialise only this rank's shards, so that an
     8B or 70B model never exists whole on one device; on CUDA, DTensor's RNG tracker makes the sharded init
-    equal to the whole-model init. Off (CPU, where DTensor random ops lack that support): build whole on
-    the device, then shard. ``weights`` off: the shards are left uninitialised (the state is about to be
-    loaded into them: an in-process recovery), which skips the init's cost.
+    equal to the whole-model init (but a pipeline stage's init draws its own numbers). Off (CPU, where
+    DTensor random ops lack that support): build whole on the device, then shard: every layout starts from
+    the same weights. ``weights`` off: the shards are left uninitialised (the state is about to be loaded
+    into them: an in-process recovery), which skips the init's cost.
     """
     if on_meta or not weights:
         with torch.device("meta"):
-            model = parallelize(Llama(cfg), mesh, train)
-        model.to_empty(device=device)
+            model = Llama(cfg)
+            stages = parallelize(model, mesh, train)
+        for stage in stages:  # through the FSDP roots, which must see their parameters replaced
+            stage.to_empty(device=device)
         model.tie_weights()  # to_empty gives every module a tensor of its own, which unties unsharded weights
-        if not weights:
+        if weights:
+            torch.manual_seed(train.seed)
+            model.init_weights()
+        else:
             model.init_buffers()
-            return model
     else:
         model = Llama(cfg).to(device)
-    torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers
-    model.init_weights()
-    return model if on_meta else parallelize(model, mesh, train)
+        torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers
+        model.init_weights()
+        stages = parallelize(model, mesh, train)
+    for stage in stages:
+        stage.rope = model.rope  # a stage's own reference, made before the buffer was materialised
+    return model, stages
 
 
-def parallelize(model: Llama, mesh: Mesh, train: Train) -> nn.Module:
+def parallelize(model: Llama, mesh: Mesh, train: Train) -> list[Llama]:
+    """Parallelize ``model`` in place; the pipeline stages this rank runs (``[model]`` without a pipeline)."""
     p = mesh.parallel
     if p.tp > 1:
         _apply_tp(model, mesh.mesh["tp"])
@@ -85,9 +98,11 @@ def parallelize(model: Llama, mesh: Mesh, train: Train) -> nn.Module:
     if train.compile:
         for name, block in model.layers.named_children():
             model.layers.register_module(name, torch.compile(block))
+    stages = pipeline.split(model, p, mesh.mesh["pp"].get_local_rank()) if p.pp > 1 else [model]
     if p.dp > 1:
-        _apply_fsdp(model, mesh, bf16=train.precision == "bf16")
-    return model
+        for stage in stages:
+            _apply_fsdp(stage, mesh, bf16=train.precision == "bf16")
+    return stages
 
 
 def _apply_tp(model: Llama, tp_mesh: DeviceMesh) -> None:

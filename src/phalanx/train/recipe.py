@@ -31,6 +31,24 @@ def model_config(spec: JobSpec) -> LlamaConfig:
         for name in TP_SPLIT_FIELDS
         if getattr(cfg, name) % tp
     ]
+    if cfg.n_layers % spec.parallel.stages:
+        issues.append(
+            SpecIssue(
+                "train.parallel.pp",
+                f"pp x pp_stages_per_rank = {spec.parallel.pp} x {spec.parallel.pp_stages_per_rank} = "
+                f"{spec.parallel.stages} stages do not divide model.n_layers = {cfg.n_layers}; each stage takes an "
+                f"equal run of blocks, so choose stages that divide {cfg.n_layers}",
+            )
+        )
+    if spec.parallel.pp > 1 and cfg.tie_embeddings:
+        issues.append(
+            SpecIssue(
+                "train.parallel.pp",
+                f"{spec.parallel.pp} with tied embeddings (preset {m.preset!r}): the embedding is in the first stage "
+                "and the output projection in the last, on different ranks; use pp: 1 (tp or FSDP instead), or "
+                "model.tie_embeddings: false",
+            )
+        )
     if t.seq_len > cfg.max_seq_len:
         issues.append(
             SpecIssue(

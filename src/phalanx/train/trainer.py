@@ -33,6 +33,7 @@ from phalanx.spec.model import Optimizer, Parallel
 from phalanx.train.guard import LossGuard
 from phalanx.train.models.llama import PRESETS
 from phalanx.train.parallelize import build_mesh, build_model
+from phalanx.train.pipeline import Pipeline, bubble_fraction
 from phalanx.train.recipe import model_config, vocabulary_issue
 from phalanx.train.sdk import WorkerContext
 from phalanx.train.state import RNG, ModelAndOptimizer, Progress
@@ -91,9 +92,9 @@ def warm_up(spec: JobSpec) -> None:
     hook = sys.excepthook  # init_process_group prefixes it with this group's rank ("[rank0]"): not the spare's
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        alone = Parallel(dp_replicate=1, dp_shard=1, tp=1)
+        alone = Parallel(pp=1, dp_replicate=1, dp_shard=1, tp=1)
         cfg = dataclasses.replace(PRESETS["llama-tiny"], tie_embeddings=model_config(spec).tie_embeddings)
-        model = build_model(cfg, build_mesh("cpu", alone), spec.train, torch.device("cpu"), on_meta=False)
+        model, _ = build_model(cfg, build_mesh("cpu", alone), spec.train, torch.device("cpu"), on_meta=False)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         tokens = torch.zeros(1, 9, dtype=torch.long)
         F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
@@ -120,6 +121,8 @@ class Trainer:
             else contextlib.nullcontext()
         )
         self.flops_per_token = self.cfg.flops_per_token(t.seq_len)
+        self.bubble = bubble_fraction(self.parallel, self.accum_steps) if self.parallel.pp > 1 else None
+        self._poison = 1.0
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
         self._preempted_at: float | None = None
@@ -156,7 +159,12 @@ class Trainer:
         assert ctx.spec is not None
         self.mesh = build_mesh(ctx.device.type, self.parallel)
         # Seeded: the same initial weights on every rank, and the same as a 1-process run.
-        self.model = build_model(self.cfg, self.mesh, t, ctx.device, ctx.device.type == "cuda", weights)
+        self.model, stages = build_model(self.cfg, self.mesh, t, ctx.device, ctx.device.type == "cuda", weights)
+        self.pipeline = (
+            Pipeline(stages, self.parallel, self.mesh.mesh["pp"], ctx.device, self.accum_steps, self._loss)
+            if self.parallel.pp > 1
+            else None
+        )
         self.compute = ForwardComputeTimer(list(self.model.layers.values()), ctx.device)
         o = t.optimizer
         self.optimizer = torch.optim.AdamW(
@@ -208,12 +216,18 @@ class Trainer:
         local = sum(getattr(w, "to_local", lambda w=w: w)().numel() for w in self.model.parameters())
         total = self.cfg.num_params()
         block = type(next(iter(self.model.layers.values()))).__name__  # shows the checkpoint / compile wrappers
-        return (
-            f"model {self.train.model.preset}: {total:,} params, {self.flops_per_token:.3g} FLOPs/token | "
-            f"mesh dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp} | "
-            f"rank {self.ctx.rank} holds {local:,} params ({local / total:.1%}) | "
-            f"{self.accum_steps} micro-batch(es) of {self.train.micro_batch} per step | "
-            f"blocks run as {block}, {self.train.precision}"
+        pipeline = (
+            [f"pipeline {p.pp_schedule}, {p.stages} stages, bubble {self.bubble:.1%} in theory"] if self.bubble else []
+        )
+        return " | ".join(
+            [
+                f"model {self.train.model.preset}: {total:,} params, {self.flops_per_token:.3g} FLOPs/token",
+                f"mesh pp={p.pp} dp_replicate={p.dp_replicate} dp_shard={p.dp_shard} tp={p.tp}",
+                *pipeline,
+                f"rank {self.ctx.rank} holds {local:,} params ({local / total:.1%})",
+                f"{self.accum_steps} micro-batch(es) of {self.train.micro_batch} per step",
+                f"blocks run as {block}, {self.train.precision}",
+            ]
         )
 
     def train_step(self) -> StepStats:
@@ -222,25 +236,28 @@ class Trainer:
         step, writing = self.progress.step, self.checkpoints.writing
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - started
-        poison = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
+        self._poison = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
         loss_sum = torch.zeros((), device=self.ctx.device)
-        for micro in batch.split(t.micro_batch):
+        if self.pipeline is not None:
             with self.autocast:
-                logits = self.model(micro[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten()) * poison
-            (loss / self.accum_steps).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.optimizer.grad_clip or math.inf)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+                losses = self.pipeline.step(batch[:, :-1], batch[:, 1:])
+            loss_sum += sum(loss.detach() for loss in losses)
+        else:
+            for micro in batch.split(t.micro_batch):
+                with self.autocast:
+                    loss = self._loss(self.model(micro[:, :-1]), micro[:, 1:])
+                (loss / self.accum_steps).backward()
+                loss_sum += loss.detach()
+        norm = self._clip_grad_norm(t.optimizer.grad_clip or math.inf)
         # Before the update, every rank learns the step's loss and whether some rank was asked to stop, so all
         # of them agree on whether to apply it and where to stop. Every rank of a tensor-parallel group holds
-        # the same loss, so the mean over all ranks is the data-parallel mean.
+        # the same loss, and so does every rank that runs the pipeline's last stage (the others none): the
+        # sum over all ranks over world / pp is the data-parallel mean.
         stopping = torch.tensor(float(self._preempted_at is not None), device=self.ctx.device)
         totals = torch.stack([loss_sum / self.accum_steps, stopping])
         dist.all_reduce(totals)
         loss_sum, stopping = totals.tolist()
-        loss_mean, norm = loss_sum / self.ctx.world_size, grad_norm.item()
+        loss_mean = loss_sum / (self.ctx.world_size // self.parallel.pp)
         problem = self.guard.problem(loss_mean, norm)
         lr = self.scheduler.get_last_lr()[0]
         if problem is None:  # a bad step changes nothing; resilience.on_nan decides what happens next
@@ -257,6 +274,24 @@ class Trainer:
         self._last_step_end = time.perf_counter()
         took = self._last_step_end - since
         return StepStats(step, loss_mean, norm, lr, took, data_wait, writing, stop=stopping > 0, problem=problem)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's mean cross-entropy (times the injected fault's factor, 1 but under `phalanx chaos`)."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) * self._poison
+
+    def _clip_grad_norm(self, max_norm: float) -> float:
+        """Clip the gradients to ``max_norm`` by their norm over the whole model; that norm. A pipeline rank
+        holds its stages' gradients only: the squares of the stages' norms add up over the pipeline ranks."""
+        params = list(self.model.parameters())
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if hasattr(norm, "full_tensor"):  # a DTensor: summed over the data- and tensor-parallel shards
+            norm = norm.full_tensor()
+        if self.pipeline is not None:
+            squared = norm**2
+            dist.all_reduce(squared, group=self.mesh.mesh["pp"].get_group())
+            norm = squared.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm.item()
 
     def report(self, s: StepStats) -> None:
         tokens = self.train.global_batch * self.train.seq_len
@@ -276,6 +311,7 @@ class Trainer:
             "tokens_per_s": tps,
             "tokens_per_s_per_device": per_device,
             "mfu": util,
+            "bubble": self.bubble,
             "peak_memory_bytes": mem,
         }
         self.ctx.report(s.step, **figures)

@@ -202,8 +202,30 @@ class Llama(nn.Module):
 
     def tie_weights(self) -> None:
         """With ``tie_embeddings``, the output projection is the embedding matrix: one parameter, one gradient."""
-        if self.cfg.tie_embeddings:
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
+
+    def keep_only(self, blocks: list[str], first: bool, last: bool) -> None:
+        """Drop every module a pipeline rank does not run: the blocks not in ``blocks``, the embedding unless
+        it runs the first stage, the final norm and output projection unless it runs the last. The names of
+        what is kept do not change, so its state dict is the whole model's, restricted."""
+        for name in [n for n in self.layers if n not in blocks]:
+            del self.layers[name]
+        if not first:
+            self.tok_embeddings = None
+        if not last:
+            self.norm = self.output = None
+
+    def stage(self, blocks: list[str], first: bool, last: bool) -> Llama:
+        """A pipeline stage: a model made of some of this one's modules (shared, not copied)."""
+        stage = Llama.__new__(Llama)
+        nn.Module.__init__(stage)
+        stage.cfg = self.cfg
+        stage.tok_embeddings = self.tok_embeddings if first else None
+        stage.layers = nn.ModuleDict({name: self.layers[name] for name in blocks})
+        stage.norm, stage.output = (self.norm, self.output) if last else (None, None)
+        stage.register_buffer("rope", self.rope, persistent=False)
+        return stage
 
     def init_buffers(self) -> None:
         """The rotary tables: what a model materialised by ``to_empty`` needs besides its weights."""
@@ -225,8 +247,9 @@ class Llama(nn.Module):
                 nn.init.trunc_normal_(p, std=0.02, a=-0.06, b=0.06)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [batch, seq, vocab] for tokens [batch, seq]."""
-        h = self.tok_embeddings(tokens)
+        """Logits [batch, seq, vocab] for tokens [batch, seq]. A pipeline stage without the embedding takes the
+        hidden states [batch, seq, dim] instead; one without the output projection returns them."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for block in self.layers.values():
             h = block(h, self.rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h)) if self.output is not None else h
