@@ -41,6 +41,12 @@ from phalanx.obs import read_jsonl
 REPO = Path(__file__).resolve().parent.parent
 THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
 STALL_S = 300  # a side that makes no step for this long is stopped
+
+
+class RoundLost(RuntimeError):
+    """A side's run stalled (and was stopped) or failed: its round is reported, not measured."""
+
+
 IN_PROCESS = "phalanx in process (warm spare, state from memory)"
 MODEL = (
     "train: {model: {preset: llama-debug}, steps: %d, global_batch: 8, micro_batch: 4, seq_len: 64,"
@@ -71,20 +77,20 @@ def _kill_tree(pid: int) -> None:
 
 def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list[int]) -> list[float]:
     """Kill rank 1 when the job has done each step in ``kill_at``; the seconds from each kill to the next
-    step completed. A job that makes no step for STALL_S is stopped (it and every process below it) and its
-    run is given up, naming where it stood, rather than hanging the benchmark."""
+    step completed. A job that makes no step for STALL_S is stopped (it and every process below it), and it or
+    a job that fails is given up (RoundLost), naming where it stood, rather than ending the benchmark."""
     recoveries: list[float] = []
     progress = [time.monotonic(), 0]  # when the number of steps last changed, and that number
 
     def wait_until(done, what: str) -> None:
         while not done():
             if proc.poll() is not None and not done():
-                raise AssertionError(f"the job ended {what}")
+                raise RoundLost(f"the job ended {what} (exit code {proc.returncode})")
             if (count := len(_steps(steps_file))) != progress[1]:
                 progress[:] = [time.monotonic(), count]
             elif time.monotonic() - progress[0] > STALL_S:
                 _kill_tree(proc.pid)
-                raise TimeoutError(f"no step for {STALL_S} s after {count} steps, {what}; stopped")
+                raise RoundLost(f"no step for {STALL_S} s after {count} steps, {what}; stopped")
             time.sleep(0.01)
 
     for target in kill_at:
@@ -95,7 +101,8 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
         wait_until(lambda n=seen: len(_steps(steps_file)) > n, "without recovering")
         recoveries.append(_steps(steps_file)[seen]["ts"] - killed)
     wait_until(lambda: proc.poll() is not None, "before finishing")
-    assert proc.wait() == 0, "the job failed"
+    if proc.wait() != 0:
+        raise RoundLost(f"the job failed (exit code {proc.returncode})")
     return recoveries
 
 
@@ -334,17 +341,17 @@ def main() -> None:
         sides["torchft (2 replica groups, live healing)"] = run_torchft
     else:
         missing.append(f"torchft: {args.torchft_python} has no torchft (`make bench-env` installs it)")
-    # Per side, one entry per round: (clean s, faulty s, recoveries), or None if a run stalled and was stopped.
+    # Per side, one entry per round: (clean s, faulty s, recoveries), or None if a run stalled or failed.
     results: dict[str, list[tuple[float, float, list[float]] | None]] = {name: [] for name in sides}
-    stalls: list[str] = []
+    lost: list[str] = []
     for r in range(args.repeats):
         for name, side in sides.items():
             with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
                 try:
                     clean_s, _ = side(Path(clean), args, [])
                     faulty_s, recoveries = side(Path(faulty), args, kill_at)
-                except TimeoutError as e:
-                    stalls.append(f"{name}, round {r + 1}: {e}")
+                except RoundLost as e:
+                    lost.append(f"{name}, round {r + 1}: {e}")
                     results[name].append(None)
                     print(f"  {name}: {e}", flush=True)
                     continue
@@ -378,7 +385,7 @@ def main() -> None:
         runs, stalled = [run for run in rounds if run is not None], rounds.count(None)
         rows.append(
             [
-                name + (f" ({stalled} of {len(rounds)} rounds stalled)" if stalled else ""),
+                name + (f" ({stalled} of {len(rounds)} rounds stalled or failed)" if stalled else ""),
                 column(runs, lambda c, f, r: c, "{:.1f}"),
                 column(runs, lambda c, f, r: f, "{:.1f}"),
                 spread([x for _, _, rec in runs for x in rec], fmt="{:.2f}") if runs else "-",
@@ -406,10 +413,8 @@ def main() -> None:
     both = [(a, b) for a, b in zip(results["phalanx"], results[IN_PROCESS], strict=True) if a and b]
     if both:  # what the memory snapshots cost a run without failures
         report.ratio(f"{IN_PROCESS} / phalanx, clean run time", [b[0] / a[0] for a, b in both], "")
-    for stall in stalls:
-        report.note(
-            f"Stalled and stopped: {stall}. Its round is left out of the figures and of the ratios to that side."
-        )
+    for why in lost:
+        report.note(f"Not measured: {why}. Its round is left out of the figures and of the ratios to that side.")
     for why in missing:
         report.note(f"Not measured: {why}.")
     report.finish(args.out)

@@ -177,6 +177,13 @@ def test_validate_command_prints_resolved_spec(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert parse_spec(result.stdout) == load_spec(path)  # the printed spec is itself a valid, equal spec
     assert "mesh: pp=1 dp_replicate=1 dp_shard=2 tp=2 (world size 4)" in result.stderr
+    pipeline = "{pp: 2, pp_schedule: Interleaved1F1B, pp_stages_per_rank: 2}, global_batch: 16, micro_batch: 2"
+    path.write_text(f"name: a\nresources: {{procs_per_node: 4}}\ntrain: {{parallel: {pipeline}}}\n")
+    result = _cli("validate", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "mesh: pp=2 dp_replicate=1 dp_shard=2 tp=1 (world size 4)" in result.stderr
+    # 16 / (2 x 2) = 4 micro-batches, 2 ranks x 2 stages each: (2 - 1) / (2 x 4 + 2 - 1)
+    assert "pipeline: Interleaved1F1B, 4 stages, 4 micro-batches a step, bubble 11.1% in theory" in result.stderr
 
 
 def test_validate_command_reports_errors_with_exit_code_2(tmp_path) -> None:

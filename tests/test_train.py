@@ -13,7 +13,7 @@ from conftest import REPO, Job
 from phalanx.obs import read_jsonl
 from phalanx.spec import parse_spec
 from phalanx.spec.model import Optimizer
-from phalanx.train.models.llama import PRESETS, Llama
+from phalanx.train.models.llama import PRESETS, Llama, config_from
 from phalanx.train.recipe import model_config
 from phalanx.train.trainer import lr_factor
 
@@ -321,3 +321,20 @@ def test_bf16_keeps_the_rotary_table_fp32(built: list[dict]) -> None:
     for seen in built:
         for path in ("meta", "whole"):
             assert seen[path]["attention_inputs"] == [[activations, "torch.float32"]] * 2, (path, seen)
+
+
+def test_pipeline_ranks_build_their_stages_both_ways(job: Job) -> None:
+    """Each of 2 pipeline ranks holds its stage's modules under the whole model's names, the two ranks all of
+    them and nothing twice, built on the meta device or whole; nothing is left on the meta device, and each
+    stage computes with the rotary table."""
+    out = job.tmp / "out"
+    out.mkdir()
+    result = job.run(job.command_spec("pipeline_build.py", str(out), procs=2))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    whole = sorted(Llama(config_from("llama-tiny", n_layers=4)).state_dict())
+    for path in ("meta", "whole"):
+        first, second = (set(seen[path]["names"]) for seen in ranks)
+        assert not first & second and sorted(first | second) == whole, path
+        assert "tok_embeddings.weight" in first and "output.weight" in second
+        assert not any(seen[path]["on_meta"] for seen in ranks) and all(seen[path]["rope"] for seen in ranks)

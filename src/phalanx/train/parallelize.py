@@ -72,11 +72,10 @@ def build_model(
         for stage in stages:  # through the FSDP roots, which must see their parameters replaced
             stage.to_empty(device=device)
         model.tie_weights()  # to_empty gives every module a tensor of its own, which unties unsharded weights
+        model.init_buffers(device)  # a pipeline rank's model is no stage: its own buffer is still on meta
         if weights:
             torch.manual_seed(train.seed)
             model.init_weights()
-        else:
-            model.init_buffers()
     else:
         model = Llama(cfg).to(device)
         torch.manual_seed(train.seed)  # right before the init that counts, so both paths draw the same numbers

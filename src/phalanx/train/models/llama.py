@@ -227,9 +227,11 @@ class Llama(nn.Module):
         stage.register_buffer("rope", self.rope, persistent=False)
         return stage
 
-    def init_buffers(self) -> None:
-        """The rotary tables: what a model materialised by ``to_empty`` needs besides its weights."""
-        self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta).to(self.rope.device)
+    def init_buffers(self, device: torch.device | None = None) -> None:
+        """The rotary tables: what a model materialised by ``to_empty`` needs besides its weights (on
+        ``device``, by default where they are)."""
+        tables = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+        self.rope = tables.to(device or self.rope.device)
 
     @torch.no_grad()
     def init_weights(self) -> None:
