@@ -41,10 +41,13 @@ from phalanx.train.guard import LossGuard
 STEPS = 40
 
 
-def _spec(job: Job, ckpt: Path, steps: int = STEPS, resilience: str = "hang_timeout_s: 3") -> Path:
+def _spec(
+    job: Job, ckpt: Path, steps: int = STEPS, resilience: str = "hang_timeout_s: 3", parallel: str = "{}"
+) -> Path:
     return job.spec(
         "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
-        f"train: {{model: {{preset: llama-tiny}}, steps: {steps}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        f"train: {{model: {{preset: llama-tiny}}, parallel: {parallel}, steps: {steps}, global_batch: 8,"
+        " micro_batch: 2, seq_len: 32,"
         " optimizer: {lr: 3.0e-3, warmup_steps: 2}}\n"
         f"checkpoint: {{dir: '{ckpt}', every_steps: 4, keep_last: 2}}\n"
         f"resilience: {{max_restarts: 5, restart_backoff_s: 0, stop_grace_s: 5, {resilience}}}\n"
@@ -173,11 +176,15 @@ def test_nan_rollback_replays_from_the_checkpoint_and_ends_bitwise_identical(job
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the transient fault left no trace
 
 
-@pytest.mark.parametrize("fault, at_step, steps", [("nan", 4, 30), ("spike", 12, 40)])
+@pytest.mark.parametrize(
+    "fault, at_step, steps, parallel",
+    [("nan", 4, 30, "{}"), ("spike", 12, 40, "{}"), ("nan", 4, 30, "{pp: 2}"), ("spike", 12, 40, "{pp: 2}")],
+    ids=["nan", "spike", "nan-pipeline", "spike-pipeline"],  # a pipeline's rank 0 computes no loss
+)
 def test_a_bad_step_is_skipped_and_training_goes_on(
-    job: Job, tmp_path: Path, fault: str, at_step: int, steps: int
+    job: Job, tmp_path: Path, fault: str, at_step: int, steps: int, parallel: str
 ) -> None:
-    spec = _spec(job, tmp_path / "ckpt", steps=steps, resilience="on_nan: skip")
+    spec = _spec(job, tmp_path / "ckpt", steps=steps, resilience="on_nan: skip", parallel=parallel)
     result, run = _chaos_loss(job, spec, at_step, fault)
     assert result.returncode == 0, result.stdout[-3000:]
     (skipped,) = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "bad_step_skipped"]

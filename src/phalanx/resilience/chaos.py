@@ -5,6 +5,7 @@
     slow     stop and continue a rank in short turns for a while (a straggler: a slow device or host)
     nan      make the next step's loss NaN (through the job's c10d store; resilience.on_nan applies)
     spike    make the next step's loss spike (one rank's loss times 10; resilience.on_nan applies)
+             (both strike rank 0's loss; with a pipeline, whose rank 0 may compute none, the step's as reported)
     corrupt  flip a byte in the newest committed checkpoint (latest_valid() must skip it)
 
 Faults reach the job's current attempt, found in its run directory's events.

@@ -236,7 +236,10 @@ class Trainer:
         step, writing = self.progress.step, self.checkpoints.writing
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - started
-        self._poison = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
+        fault = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
+        # Without a pipeline it poisons rank 0's loss, and through its gradients the step's. With one, rank 0 may
+        # compute no loss (the last stage does): it scales the step's loss as reported, which the guard judges.
+        self._poison, reported = (fault, 0.0) if self.pipeline is None else (1.0, fault - 1.0)
         loss_sum = torch.zeros((), device=self.ctx.device)
         if self.pipeline is not None:
             with self.autocast:
@@ -254,10 +257,10 @@ class Trainer:
         # the same loss, and so does every rank that runs the pipeline's last stage (the others none): the
         # sum over all ranks over world / pp is the data-parallel mean.
         stopping = torch.tensor(float(self._preempted_at is not None), device=self.ctx.device)
-        totals = torch.stack([loss_sum / self.accum_steps, stopping])
+        totals = torch.stack([loss_sum / self.accum_steps, stopping, torch.tensor(reported, device=stopping.device)])
         dist.all_reduce(totals)
-        loss_sum, stopping = totals.tolist()
-        loss_mean = loss_sum / (self.ctx.world_size // self.parallel.pp)
+        loss_sum, stopping, reported = totals.tolist()
+        loss_mean = loss_sum / (self.ctx.world_size // self.parallel.pp) * (1 + reported)
         problem = self.guard.problem(loss_mean, norm)
         lr = self.scheduler.get_last_lr()[0]
         if problem is None:  # a bad step changes nothing; resilience.on_nan decides what happens next
