@@ -1,10 +1,11 @@
 """A warm spare's share of the CPU: the least while it starts beside training, a rank's once it takes a rank.
 
 Every worker runs in its own session, and with the kernel's autogroup scheduling a session weighs as its
-autogroup does, whatever its processes' nice values: a spare at nice 19 importing torch still took a rank's
-share of a 2-core host and slowed the job's steps by a third. The autogroup's own nice value
-(``/proc/<pid>/autogroup``) sets that weight. Any user may set it between 0 and 19 on their own processes,
-but, without CAP_SYS_ADMIN, once per 100 ms on the whole host (EAGAIN otherwise): hence the retries.
+autogroup does, whatever its processes' nice values: on a 2-core host, a busy loop at nice 19 in a session of
+its own cut two busy processes' throughput by 40%; at its autogroup's nice 19, not measurably. The
+autogroup's own nice value (``/proc/<pid>/autogroup``) sets that weight. Any user may set it between 0 and
+19 on their own processes, but, without CAP_SYS_ADMIN, once per 100 ms on the whole host (EAGAIN otherwise):
+hence the retries.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ With ``resilience.in_process`` each attempt keeps ``warm_spares`` spare processe
 workers: Python and torch imported, joined the attempt's store, waiting. When a rank's process dies, the
 supervisor gives a ready spare that rank (its environment, ``rank_env``), says which generation replaces it,
 puts the spare in the dead worker's place in the worker group and starts a new spare for the next failure,
-at the lowest CPU priority until it takes a rank (launch/priority.py), so its start does not slow training.
+at the lowest CPU priority until it takes a rank (launch/priority.py), so that its start takes the CPU
+training leaves first.
 The survivors and the spare then rebuild on the new process group and restore the state from memory.
 
 It does not recover in process, and the job restarts from its last checkpoint instead, when:
