@@ -56,11 +56,11 @@ def validate(job: Path = JOB) -> None:
         if p.pp > 1:
             from phalanx.train.pipeline import bubble_fraction
 
-            assert spec.train is not None
-            microbatches = spec.train.global_batch // (spec.train.micro_batch * p.dp)
+            m = spec.microbatches
+            assert m is not None
             err.print(
-                f"pipeline: {p.pp_schedule}, {p.stages} stages, {microbatches} micro-batches a step, "
-                f"bubble {bubble_fraction(p, microbatches):.1%} in theory"
+                f"pipeline: {p.pp_schedule}, {p.stages} stages, {m} micro-batches a step, "
+                f"bubble {bubble_fraction(p, m):.1%} in theory"
             )
 
 

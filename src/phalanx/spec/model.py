@@ -483,3 +483,10 @@ class JobSpec(Strict):
     def parallel(self) -> Parallel | None:
         """The recipe's parallel degrees with ``dp_shard`` resolved for this job's world size."""
         return self.train.parallel.resolved(self.resources.world_size) if self.train else None
+
+    @property
+    def microbatches(self) -> int | None:
+        """The recipe's micro-batches a step on each rank: its accumulation steps, a pipeline's micro-batches."""
+        if self.train is None or self.parallel is None:
+            return None
+        return self.train.global_batch // (self.train.micro_batch * self.parallel.dp)

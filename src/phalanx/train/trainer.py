@@ -113,7 +113,7 @@ class Trainer:
         t = self.train
         self.cfg = model_config(ctx.spec)
         self.data = self._data_source()
-        self.accum_steps = t.global_batch // (t.micro_batch * self.parallel.dp)
+        self.accum_steps = ctx.spec.microbatches
         # Without FSDP there is no mixed-precision policy to cast for us: autocast does it.
         self.autocast = (
             torch.autocast(ctx.device.type, dtype=torch.bfloat16)
