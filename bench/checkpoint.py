@@ -88,7 +88,7 @@ def launch(args: argparse.Namespace) -> None:
     report.ratio("phalanx / DCP async_save, whole cost per save", ratios("cost", "phalanx", "DCP async_save"), "< 1")
     report.ratio(f"{MEMORY} / phalanx, whole cost per save", ratios("cost", MEMORY, "phalanx"), "")
     report.note(
-        "Behind training: phalanx's write, sha256 of every file and commit took "
+        "Behind training: phalanx's write, checksum of every file and commit took "
         f"{spread([r['write_s'] for r in runs], fmt='{:.2f}')} s per save. A training step with no save in flight "
         f"took {spread([r['quiet'] for r in runs], 1e3, '{:.0f}')} ms; steps beside a write are slower, because "
         "the write competes with training for the CPU cores."
@@ -178,11 +178,19 @@ def worker(args: argparse.Namespace) -> None:
     quiet: list[float] = []  # step times with no save in flight
     pending: list[tuple[str, float, list[float]]] = []  # per async save: (method, blocked, its steps' work)
 
+    def anyone(flag: bool) -> bool:
+        """``flag`` on any rank: every rank must take the same steps, though a write may end on one rank
+        just before and on another just after a step begins."""
+        agreed = torch.tensor([float(flag)])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return bool(agreed.item())
+
     def step(checkpointer) -> tuple[float, bool]:
         """One training step with ``checkpointer`` as the trainer's (its staged() runs before the optimizer
-        step); the step's time less its staging wait, and whether the write was still going at its start."""
+        step); the step's time less its staging wait, and whether the write was still going at its start on
+        any rank."""
         trainer.checkpoints = checkpointer
-        before, writing = checkpointer.blocked_s, checkpointer.writing
+        before, writing = checkpointer.blocked_s, anyone(checkpointer.writing)
         started = time.perf_counter()
         trainer.train_step()
         return time.perf_counter() - started - (checkpointer.blocked_s - before), writing

@@ -40,7 +40,7 @@ BATCH = 64
 def write_phalanx(root: Path, tokens: np.ndarray) -> Path:
     """The tokens as one phalanx shard, written in the documented format (what `data prepare` produces)."""
     from phalanx.data.shards import FORMAT, INDEX
-    from phalanx.storage import sha256_file
+    from phalanx.storage import file_digest
 
     out = root / "phalanx"
     if (out / INDEX).exists():
@@ -56,7 +56,7 @@ def write_phalanx(root: Path, tokens: np.ndarray) -> Path:
         "documents": 1,
         "total_tokens": int(tokens.size),
         "shards": [
-            {"file": "shard-00000.bin", "tokens": int(tokens.size), "sha256": sha256_file(out / "shard-00000.bin")}
+            {"file": "shard-00000.bin", "tokens": int(tokens.size), "sha256": file_digest(out / "shard-00000.bin")}
         ],
     }
     (out / INDEX).write_text(json.dumps(index))

@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import REPO, Job, wait_gone
@@ -105,14 +106,30 @@ def test_commit_retention_and_manifest(job: Job, tmp_path: Path) -> None:
     assert set(manifest["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     for name, described in manifest["files"].items():  # the shards hashed while written, .metadata read back
         data = (ckpt / "step-00000010" / name).read_bytes()
-        assert described == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+        assert described == {"size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}, name
     assert CheckpointDir(ckpt).verify(10) is None
+    _rewrite_checksums(ckpt / "step-00000010", lambda data: {"sha256": hashlib.sha256(data).hexdigest()})
+    assert CheckpointDir(ckpt).verify(10) is None  # written before xxh3_128: sha256 still verifies
+    _rewrite_checksums(ckpt / "step-00000010", lambda data: {"sha256": hashlib.sha256(data + b"x").hexdigest()})
+    assert CheckpointDir(ckpt).verify(10) == ".metadata does not match its sha256 in the manifest (corrupt)"
+    _rewrite_checksums(ckpt / "step-00000010", lambda data: {"md5": hashlib.md5(data).hexdigest()})
+    assert CheckpointDir(ckpt).verify(10) == "the manifest gives .metadata no checksum (one of sha256, xxh3_128)"
     shard = ckpt / "step-00000008" / "__0_0.distcp"
     size = shard.stat().st_size
     os.truncate(shard, size - 100)
     assert CheckpointDir(ckpt).verify(8) == f"__0_0.distcp is {size - 100} bytes, the manifest says {size}"
     (ckpt / "step-00000004" / "manifest.json").write_text("{}")
     assert CheckpointDir(ckpt).verify(4) == "manifest.json does not match the sha256 in COMMITTED (corrupt)"
+
+
+def _rewrite_checksums(step_dir: Path, checksum: Callable[[bytes], dict[str, str]]) -> None:
+    """Recommit ``step_dir`` with each file's checksum as ``checksum`` gives it, as another writer would."""
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (step_dir / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), **checksum(data)}
+    (step_dir / "COMMITTED").unlink()
+    CheckpointDir(step_dir.parent).commit(manifest["step"], manifest)
 
 
 def test_a_file_written_out_of_order_is_not_hashed_in_writing(tmp_path: Path) -> None:
@@ -124,7 +141,7 @@ def test_a_file_written_out_of_order_is_not_hashed_in_writing(tmp_path: Path) ->
         stream.write(b"abc")
         stream.seek(0)
         stream.write(b"x")
-    assert written == {"appended": {"size": 7, "sha256": hashlib.sha256(b"abcdefg").hexdigest()}}
+    assert written == {"appended": {"size": 7, "xxh3_128": xxhash.xxh3_128_hexdigest(b"abcdefg")}}
     assert (tmp_path / "rewritten").read_bytes() == b"xbc"  # left to be read back
 
 
@@ -192,19 +209,19 @@ def test_corrupt_or_unfinished_newest_checkpoint_falls_back(job: Job, tmp_path: 
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert "__1_0.distcp does not match its sha256" in CheckpointDir(ckpt).verify(6)
+    assert "__1_0.distcp does not match its xxh3_128" in CheckpointDir(ckpt).verify(6)
     cli = subprocess.run(
         [sys.executable, "-m", "phalanx", "ckpt", "verify", str(ckpt)], capture_output=True, text=True, timeout=60
     )
     assert cli.returncode == 1 and "1 invalid checkpoint(s)" in cli.stderr
     listed = [line.split()[:3] for line in cli.stdout.splitlines()[1:]]
     assert listed == [["4", "1.8", "MiB"], ["6", "1.8", "MiB"]] and "valid" in cli.stdout.splitlines()[1]
-    assert "invalid: __1_0.distcp does not match its sha256" in cli.stdout.splitlines()[2]
+    assert "invalid: __1_0.distcp does not match its xxh3_128" in cli.stdout.splitlines()[2]
     shutil.copytree(ckpt / "step-00000004", ckpt / "step-00000008")
     (ckpt / "step-00000008" / "COMMITTED").unlink()  # a save that died before its commit
     result = _run(job, _spec(job, ckpt, steps=7))
     assert "step-00000008 skipped: no commit marker" in result.stdout
-    assert "step-00000006 skipped: __1_0.distcp does not match its sha256 in the manifest (corrupt)" in result.stdout
+    assert "step-00000006 skipped: __1_0.distcp does not match its xxh3_128 in the manifest (corrupt)" in result.stdout
     assert "at step 4" in result.stdout
 
 

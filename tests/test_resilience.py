@@ -265,7 +265,7 @@ def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
     verify = subprocess.run(
         [sys.executable, "-m", "phalanx", "ckpt", "verify", str(tmp_path / "ckpt")], text=True, capture_output=True
     )
-    assert verify.returncode == 1 and "does not match its sha256" in verify.stdout
+    assert verify.returncode == 1 and "does not match its xxh3_128" in verify.stdout
 
 
 def test_a_slowed_rank_is_reported_as_a_straggler(job: Job, tmp_path: Path) -> None:

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
+
+# The checksums a manifest or index may name, by name. sha256 for datasets, hashed once when prepared;
+# xxh3_128 for checkpoints, hashed on every save beside training: it finds the same corruption (torn writes,
+# bit rot, a truncated upload) at a sixteenth of the CPU (4.5 ms against 75 ms for 150 MiB here). Neither
+# guards against someone who can write the files, who could rewrite the manifest as well.
+DIGESTS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
 
 
 def write_atomic(path: str | Path, data: bytes, fs: AbstractFileSystem | None = None) -> None:
@@ -28,8 +37,9 @@ def write_atomic(path: str | Path, data: bytes, fs: AbstractFileSystem | None = 
     tmp.replace(path)
 
 
-def sha256_file(path: str | Path, fs: AbstractFileSystem | None = None) -> str:
-    digest = hashlib.sha256()
+def file_digest(path: str | Path, algorithm: str = "sha256", fs: AbstractFileSystem | None = None) -> str:
+    """The hex digest of the file at ``path`` by ``algorithm``, one of ``DIGESTS``."""
+    digest = DIGESTS[algorithm]()
     with fs.open(str(path), "rb") if fs is not None else Path(path).open("rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)

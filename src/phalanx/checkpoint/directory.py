@@ -2,7 +2,7 @@
 s3fs reads credentials and ``AWS_ENDPOINT_URL`` from the usual environment variables):
 
     <root>/step-00000050/   DCP's shard files (__<rank>_<n>.distcp) and .metadata, then
-                            manifest.json  (step, world layout, spec hash, model, every file's size and sha256)
+                            manifest.json  (step, world layout, spec hash, model, every file's size and checksum)
                             COMMITTED      (the manifest's sha256, written last: the checkpoint exists from then on)
 
 On local disk each of the two is written to a temporary name, fsynced and renamed; in an object store each
@@ -22,9 +22,10 @@ from typing import Any
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from phalanx.storage import sha256_file, write_atomic
+from phalanx.storage import DIGESTS, file_digest, write_atomic
 
 MANIFEST, COMMITTED = "manifest.json", "COMMITTED"
+CHECKSUM = "xxh3_128"  # each file's in the manifest; why this one: phalanx.storage.DIGESTS
 STEP_DIR = re.compile(r"step-(\d+)")
 
 
@@ -68,7 +69,7 @@ class CheckpointDir:
 
     def describe_file(self, step: int, name: str) -> dict[str, Any]:
         path = f"{self.path(step)}/{name}"
-        return {"size": int(self.fs.size(path)), "sha256": sha256_file(path, self.fs)}
+        return {"size": int(self.fs.size(path)), CHECKSUM: file_digest(path, CHECKSUM, self.fs)}
 
     def commit(self, step: int, manifest: dict[str, Any]) -> None:
         """Write the manifest, then the marker: the checkpoint becomes visible, whole."""
@@ -82,7 +83,8 @@ class CheckpointDir:
 
     def verify(self, step: int) -> str | None:
         """Why the checkpoint of ``step`` is not valid, or None if it is (marker present and matching the
-        manifest, every file the manifest lists present with its size and sha256)."""
+        manifest, every file the manifest lists present with its size and checksum: xxh3_128, or sha256 in
+        checkpoints written before)."""
         path = self.path(step)
         self.fs.invalidate_cache(path)
         try:
@@ -102,8 +104,11 @@ class CheckpointDir:
                 return f"{name} is missing"
             if (size := self.fs.size(f)) != meta["size"]:
                 return f"{name} is {size} bytes, the manifest says {meta['size']}"
-            if sha256_file(f, self.fs) != meta["sha256"]:
-                return f"{name} does not match its sha256 in the manifest (corrupt)"
+            algorithm = next((a for a in DIGESTS if a in meta), None)
+            if algorithm is None:
+                return f"the manifest gives {name} no checksum (one of {', '.join(DIGESTS)})"
+            if file_digest(f, algorithm, self.fs) != meta[algorithm]:
+                return f"{name} does not match its {algorithm} in the manifest (corrupt)"
         return None
 
     def latest_valid(self, skipped: Callable[[int, str], None] = lambda step, why: None) -> int | None:

@@ -214,7 +214,7 @@ def ckpt_ls(path: str = CKPT) -> None:
 
 @ckpt_app.command("verify")
 def ckpt_verify(path: str = CKPT) -> None:
-    """Verify every checkpoint against its manifest (commit marker, sizes, sha256); exit 1 if any is invalid."""
+    """Verify every checkpoint against its manifest (commit marker, sizes, checksums); exit 1 if any is invalid."""
     table, bad = _checkpoint_table(path)
     stdout.print(table)
     if bad or not table.row_count:

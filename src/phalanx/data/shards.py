@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from phalanx.storage import sha256_file
+from phalanx.storage import file_digest
 
 FORMAT = "phalanx-tokens-v1"
 INDEX = "index.json"
@@ -75,7 +75,7 @@ class TokenDataset:
                 f"{path}: {size} bytes, expected {expected} ({shard.tokens} tokens): truncated or "
                 "overwritten; prepare the dataset again"
             )
-        if verify == "full" and (digest := sha256_file(path)) != shard.sha256:
+        if verify == "full" and (digest := file_digest(path)) != shard.sha256:
             raise DatasetError(
                 f"{path}: checksum mismatch (sha256 {digest}, index says {shard.sha256}): the "
                 "shard is corrupt; prepare the dataset again"
