@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 from conftest import REPO, Job
 from phalanx.checkpoint.memory import restore, serialize
 from phalanx.launch import priority
+from phalanx.launch.zygote import Zygote
 from phalanx.obs import read_jsonl
 from phalanx.resilience import inprocess
 from phalanx.spec import SpecError, parse_spec
@@ -115,6 +116,8 @@ def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_rest
     _wait(sup, "a checkpoint", lambda: len(_events(run, "checkpoint_committed")) >= 2)
     if AUTOGROUPS:  # rank 1 is a spare started beside training, at the lowest priority until it took the rank
         assert _session_nice(_current_pids(run)[1]) == priority.NORMAL
+    zygote = Path(f"/proc/{_current_pids(run)[1]}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert b"phalanx.launch.zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes()  # a fork, not a new start
     os.kill(_current_pids(run)[0], signal.SIGSTOP)  # a hang: not recovered in process
     out = _output(job, sup, timeout=240)
     assert sup.returncode == 0, out[-4000:]
@@ -159,6 +162,58 @@ def test_a_spare_session_gets_the_lowest_priority_and_a_rank_s_back() -> None:
         spare.kill()
         spare.wait()
     assert not priority.set_session_nice(spare.pid, priority.LOWEST)  # gone
+
+
+ZYGOTE_CHILD = """
+import os, sys, time
+warmed = []
+def warm():
+    warmed.append(os.getpid())
+def main():
+    print(os.environ["WHAT"], os.getsid(0) == os.getpid(), warmed == [os.getppid()], flush=True)
+    if os.environ["WHAT"] == "raise":
+        raise RuntimeError("a worker's error")
+    time.sleep(60 if os.environ["WHAT"] == "sleep" else 0)
+    sys.exit(3)
+"""
+
+
+def test_the_zygote_forks_workers_and_reports_how_they_end(tmp_path: Path) -> None:
+    """What the worker group needs of a forked spare, as of a started one: its own session and output, its exit
+    status (only the zygote, its parent, can wait for it), and its death with the zygote."""
+    (tmp_path / "child.py").write_text(ZYGOTE_CHILD)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    zygote = Zygote("child", env)
+    try:
+        for what in ("exit", "raise", "sleep", "sleep"):
+            zygote.fork({**env, "WHAT": what}, priority.LOWEST if what == "sleep" else priority.NORMAL)
+        forked: list = []
+        deadline = time.monotonic() + 60
+        while len(forked) < 4 and time.monotonic() < deadline:
+            forked += zygote.forked()
+            time.sleep(0.01)
+        exits, raises, killed, orphaned = forked
+        assert exits.wait(30) == 3 and exits.stdout.read() == b"exit True True\n"
+        assert raises.wait(30) == 1 and b"RuntimeError: a worker's error" in raises.stdout.read()
+        if AUTOGROUPS:
+            assert _session_nice(killed.pid) == priority.LOWEST
+        os.killpg(killed.pid, signal.SIGKILL)
+        assert killed.wait(30) == -signal.SIGKILL
+    finally:
+        zygote.stop()
+    assert orphaned.wait(30) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(orphaned.pid) and time.monotonic() < deadline:  # it died with the zygote
+        time.sleep(0.05)
+    assert not _alive(orphaned.pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not gone nor a zombie (whoever reaps orphans here may be slow to)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_twenty_recoveries_leak_no_memory_and_no_process_groups(job: Job, tmp_path: Path) -> None:

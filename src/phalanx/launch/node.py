@@ -73,17 +73,20 @@ class Plan:
         return cls(**{**data, "members": tuple(data["members"])})
 
 
+RECIPE = "phalanx.train.main"  # the built-in recipe's worker module
+
+
 def worker_argv(spec: JobSpec) -> list[str]:
     """What each worker runs; ``python`` in a command means this interpreter, as a venv user expects."""
     if spec.command is None:
-        return [sys.executable, "-m", "phalanx.train.main"]
+        return [sys.executable, "-m", RECIPE]
     head, *rest = spec.command
     return [sys.executable, *rest] if head in ("python", "python3") else list(spec.command)
 
 
 def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[Worker]:
     """The workers ``node`` runs in ``plan``, each with the torchrun environment of its rank."""
-    base = _node_env(plan, node, spec, run_dir)
+    base = node_env(plan, node, spec, run_dir)
     workers = []
     for local_rank, rank in enumerate(plan.ranks(node)):
         run_dir.error_file(rank).unlink(missing_ok=True)
@@ -96,7 +99,7 @@ def node_workers(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> list[
 def spare_worker(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir, spare: int) -> Worker:
     """Warm spare number ``spare`` of ``node``: the node's environment without a rank, which the supervisor
     gives it (``rank_env``) when it takes a failed rank's place."""
-    env = {**_node_env(plan, node, spec, run_dir), "PHALANX_SPARE": str(spare)}
+    env = {**node_env(plan, node, spec, run_dir), "PHALANX_SPARE": str(spare)}
     return Worker(-1, worker_argv(spec), env, run_dir.spare_log(spare), spare=spare)
 
 
@@ -111,7 +114,8 @@ def rank_env(rank: int, local_rank: int, run_dir: RunDir) -> dict[str, str]:
     }
 
 
-def _node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str, str]:
+def node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str, str]:
+    """The environment every worker of ``node`` shares: torchrun's variables but the rank's, and phalanx's."""
     return {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.procs))),

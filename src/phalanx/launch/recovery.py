@@ -1,23 +1,25 @@
 """In-process recovery, the supervisor's side (the workers' side and the store keys: resilience/inprocess.py).
 
 With ``resilience.in_process`` each attempt keeps ``warm_spares`` spare processes started beside its
-workers: Python and torch imported, joined the attempt's store, waiting. When a rank's process dies, the
-supervisor gives a ready spare that rank (its environment, ``rank_env``), says which generation replaces it,
-puts the spare in the dead worker's place in the worker group and starts a new spare for the next failure,
-at the lowest CPU priority until it takes a rank (launch/priority.py), so that its start takes the CPU
-training leaves first.
-The survivors and the spare then rebuild on the new process group and restore the state from memory.
+workers: Python and torch imported, warmed up, waiting for the attempt's store to give them a rank. Spares
+are forks of the attempt's zygote (launch/zygote.py), which imports and warms up the recipe once. When a
+rank's process dies, the supervisor gives a ready spare that rank (its environment, ``rank_env``), says which
+generation replaces it, puts the spare in the dead worker's place in the worker group and forks a new spare
+for the next failure, at the lowest CPU priority until it takes a rank (launch/priority.py), so that what
+little it does takes the CPU training leaves. The survivors and the spare then rebuild on the new process
+group and restore the state from memory.
 
 It does not recover in process, and the job restarts from its last checkpoint instead, when:
 - the failure is not a dead process (a hang, a lost node: their peers cannot be told apart from the dead),
   or is a user error (not retried at all);
-- no spare is ready (each takes seconds of CPU to start, more on a busy host: failures closer together);
+- no spare is ready (the first ones wait for the zygote's imports and warm-up: a failure that early);
 - another rank fails during a recovery, the recovery is not done within ``recovery_timeout_s``, or a rank
   fails before the job has got past the step where the previous recovery began (repeated failures).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import signal
 import time
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from torch.distributed import TCPStore
 
 from phalanx.launch import priority
-from phalanx.launch.node import Plan, rank_env, spare_worker
+from phalanx.launch.node import RECIPE, Plan, node_env, rank_env, spare_worker
 from phalanx.launch.workers import Worker, WorkerGroup
+from phalanx.launch.zygote import Zygote
 from phalanx.obs.rundir import RunDir
 from phalanx.resilience import inprocess
 from phalanx.spec import JobSpec
@@ -52,25 +55,37 @@ class InProcessRecovery:
         self.generation = 0
         self.pending: Pending | None = None
         self.spares: list[Worker] = []
+        self._zygote: Zygote | None = None
+        self._forking: collections.deque[Worker] = collections.deque()  # asked of the zygote, not yet forked
         self._numbered = 0
         self._past: int | None = None  # the job must get past this step before the next recovery in process
 
     def start_spares(self) -> None:
-        """The attempt's first spares, started with its workers at their priority: ready as soon as they are."""
+        """The attempt's zygote and first spares, started with its workers at their priority: ready as soon as
+        they are."""
+        self._zygote = Zygote(RECIPE, node_env(self.plan, self.node, self.spec, self.run_dir))
         for _ in range(self.spec.resilience.warm_spares):
             self._start_spare(beside_training=False)
 
     def _start_spare(self, beside_training: bool) -> None:
+        """Ask the zygote for a spare: beside training, on the CPU that training leaves."""
+        assert self._zygote is not None
         spare = spare_worker(self.plan, self.node, self.spec, self.run_dir, self._numbered)
         self._numbered += 1
-        self.group.start_one(spare, f"attempt {self.plan.attempt}: warm spare {spare.spare}")
-        assert spare.proc is not None
-        if beside_training:  # it starts on the CPU that training leaves
-            priority.set_session_nice(spare.proc.pid, priority.LOWEST)
-        self.spares.append(spare)
+        self._zygote.fork(spare.env, priority.LOWEST if beside_training else priority.NORMAL)
+        self._forking.append(spare)
+
+    def _adopt(self) -> None:
+        """The spares the zygote has forked since: into the worker group (their output teed, exits seen)."""
+        assert self._zygote is not None
+        for forked in self._zygote.forked():
+            spare = self._forking.popleft()
+            self.group.start_one(spare, f"attempt {self.plan.attempt}: warm spare {spare.spare}", forked)
+            self.spares.append(spare)
 
     def ready_spare(self) -> Worker | None:
         """A spare that is alive and has said it waits (dead ones are dropped)."""
+        self._adopt()
         self.spares = [s for s in self.spares if s.exited_at is None]
         return next((s for s in self.spares if self.store.check([inprocess.ready_key(s.spare or 0)])), None)
 
@@ -128,7 +143,10 @@ class InProcessRecovery:
         return self.pending is not None and time.monotonic() > self.pending.deadline
 
     def stop_spares(self) -> None:
-        """Kill the spares (they hold no state) and collect them."""
+        """Kill the spares (they hold no state) and the zygote, and collect them."""
+        if self._zygote is not None:
+            self._adopt()
+            self._zygote.stop()  # and the spares it has not yet been seen to fork: they die with it
         spares = WorkerGroup(self.spares, lambda line: None)
         spares.send(signal.SIGKILL)
         spares.join()

@@ -22,6 +22,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phalanx.launch.zygote import Forked
 
 PR_SET_PDEATHSIG = 1
 
@@ -39,7 +43,7 @@ class Worker:
     argv: Sequence[str]
     env: Mapping[str, str]
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | Forked | None = None
     exited_at: float | None = None  # monotonic time the exit was seen, to order failures
     spare: int | None = None  # a warm spare of in-process recovery, until it is given ``rank``
     _pump: threading.Thread | None = field(default=None, repr=False)
@@ -72,10 +76,11 @@ class WorkerGroup:
         for w in self.workers:
             self.start_one(w, header)
 
-    def start_one(self, w: Worker, header: str) -> None:
+    def start_one(self, w: Worker, header: str, forked: Forked | None = None) -> None:
+        """Start ``w`` (or take on ``forked``, its process the zygote forked) and tee its output."""
         with w.log_path.open("ab") as log:
             log.write(f"===== {header} =====\n".encode())
-        w.proc = subprocess.Popen(
+        w.proc = forked or subprocess.Popen(
             w.argv,
             env=dict(w.env),
             stdin=subprocess.DEVNULL,

@@ -1,8 +1,12 @@
-"""Entry point of a built-in-recipe worker: ``python -m phalanx.train.main`` (the supervisor runs it)."""
+"""Entry point of a built-in-recipe worker: ``python -m phalanx.train.main`` (the supervisor runs it). Warm
+spares of in-process recovery are forks of a zygote (launch/zygote.py) that imported this module and ran
+``warm()`` once; each then runs ``main()``."""
 
+import gc
 import os
 import sys
 
+import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from phalanx.checkpoint import memory
@@ -11,10 +15,28 @@ from phalanx.train.sdk import init
 from phalanx.train.trainer import Trainer, warm_up
 
 
+def warm() -> None:
+    """In the zygote, before any spare is forked from it: run the recipe's code paths once (``warm_up``), so
+    that every spare starts warm and costs training no CPU. On one thread: a process that forks must not have
+    started OpenMP's thread pool (GNU OpenMP's does not survive a fork); each spare sets its own."""
+    torch.set_num_threads(1)
+    warm_up(load_spec(os.environ["PHALANX_SPEC"]))
+    _settle()
+
+
+def _settle() -> None:
+    """What exists by now (torch's modules and the like, a few hundred thousand objects) lives as long as the
+    process: out of the collector's sight, a full collection then takes milliseconds, not 0.16 s. An
+    in-process recovery makes one, on its critical path, to free the old model before building the new."""
+    gc.collect()
+    gc.freeze()
+
+
 @record
 def main() -> None:
-    if "PHALANX_SPARE" in os.environ:  # a warm spare of in-process recovery: warm, then wait for a rank
-        warm_up(load_spec(os.environ["PHALANX_SPEC"]))
+    if "PHALANX_SPARE" in os.environ:  # forked from the zygote, warm: its threads, then wait for a rank
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _settle()
     ctx = init()
     Trainer(ctx).fit()
     ctx.close()

@@ -84,9 +84,9 @@ def _checkpoint_dir(ctx: WorkerContext) -> str:
 
 
 def warm_up(spec: JobSpec) -> None:
-    """A warm spare, before it waits: run the recipe's code paths once (mesh, FSDP, a step of AdamW, a memory
-    snapshot and its restore) on a miniature of the model, in a process group of its own. Taking a failed
-    rank's place then costs the model's build without the first calls' overhead (lazy imports and
+    """The zygote of warm spares, before it forks them (train/main.py): run the recipe's code paths once (mesh, FSDP, a
+    step of AdamW, a memory snapshot and its restore) on a miniature of the model, in a process group of its own.
+    Taking a failed rank's place then costs the model's build without the first calls' overhead (lazy imports and
     initialisation, dispatch caches: about a second on a CPU), which the survivors would wait for."""
     assert spec.train is not None
     hook = sys.excepthook  # init_process_group prefixes it with this group's rank ("[rank0]"): not the spare's
