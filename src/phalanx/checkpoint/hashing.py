@@ -3,9 +3,9 @@
 A checkpoint's manifest lists every file's size and checksum (``directory.CHECKSUM``). Reading the files
 back to hash them is a second pass over every byte beside training (from the page cache on a local disk, a
 second download on S3); here each byte is hashed once, on its way to the file, by the thread that writes
-it. DCP writes
-its files front to back (its writes go through stream wrappers that cannot seek), so the hash of what was
-written is the hash of the file; a stream that is seeked anyway gives no hash, and that file is read back.
+it. DCP writes its files front to back (its writes go through stream wrappers that cannot seek), so the
+hash of what was written is the hash of the file; a stream that is seeked anyway gives no hash, and that
+file is read back.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ Async saves (the default) copy the state into reused CPU buffers and write it, o
 collectives run over a process group of their own, while training goes on; the trainer calls ``staged()``
 before its optimizer changes the weights. The thread runs at nice 19 (Linux keeps a nice value per thread):
 where cores are short (CPU training, a busy host) training keeps them and the write takes what is left
-(bench/checkpoint.py, 2 ranks on 2 cores: whole cost 0.60x DCP async_save's against 0.74x at nice 0, the
-write 0.67 s against 0.49 s). At most one save is in flight: the next one waits for it, so a
-checkpoint is never overwritten or half replaced. Sync saves do the same work on the calling thread.
+(bench/checkpoint.py, 2 ranks on 2 cores, side by side: whole cost 0.60x DCP async_save's against 0.74x at
+nice 0, the write 0.67 s against 0.49 s; the figure swings with the machine's load, bench/RESULTS.md).
+At most one save is in flight: the next one waits for it, so a checkpoint is never overwritten or half
+replaced. Sync saves do the same work on the calling thread.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ later with its exit status, which only the zygote, its parent, can wait for. Eac
 its own, as every worker does, and dies with the zygote, which dies with the supervisor (parent-death
 signals).
 
-    python -m phalanx.launch.zygote <socket fd> <module>    (the zygote; ``Zygote`` starts it)
+``Zygote`` starts the zygote as ``python -c "...; serve(<socket fd>, <module>)"``: as ``python -m`` it would
+run a module its package has imported already, which Python warns of.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ class Zygote:
 
     def __init__(self, module: str, env: Mapping[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        entry = f"import sys; from {__name__} import serve; serve(*sys.argv[1:])"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(theirs.fileno()), module],
+            [sys.executable, "-c", entry, str(theirs.fileno()), module],
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # its errors (an import that fails) go to the supervisor's stderr
@@ -137,14 +139,22 @@ class Zygote:
         self._sock.close()
 
 
-def _serve(sock: socket.socket, module: str) -> None:
-    """The zygote: import ``module`` and run its ``warm()`` if it has one, then fork a process for each
-    request and report how each ends."""
+def serve(fd: str, module: str) -> None:
+    """The zygote, on the socket ``fd``: import ``module`` and run its ``warm()`` if it has one, then fork a
+    process for each request and report how each ends, as soon as it ends (each child's pidfd is waited on
+    with the socket)."""
+    sock = socket.socket(fileno=int(fd))
     if (warm := getattr(importlib.import_module(module), "warm", None)) is not None:
         warm()
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pidfd -> pid
     while True:
-        if select.select([sock], [], [], 0.1)[0]:
+        for ready in select.select([sock, *children], [], [])[0]:
+            if ready in children:
+                pid = children.pop(ready)
+                os.close(ready)
+                status = os.waitpid(pid, 0)[1]
+                sock.send(json.dumps({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+                continue
             message, fds, _, _ = socket.recv_fds(sock, MESSAGE, 1)
             if not message:  # the supervisor is gone
                 return
@@ -152,16 +162,12 @@ def _serve(sock: socket.socket, module: str) -> None:
             pid = os.fork()
             if pid == 0:
                 sock.close()
+                for pidfd in children:
+                    os.close(pidfd)
                 _become(module, request["env"], request["nice"], fds[0])
             os.close(fds[0])
-            children.add(pid)
+            children[os.pidfd_open(pid)] = pid
             sock.send(json.dumps({"pid": pid}).encode())
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            sock.send(json.dumps({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)}).encode())
 
 
 def _become(module: str, env: dict[str, str], nice: int, output: int) -> None:
@@ -177,7 +183,3 @@ def _become(module: str, env: dict[str, str], nice: int, output: int) -> None:
     os.environ.update(env)
     importlib.import_module(module).main()
     sys.exit(0)
-
-
-if __name__ == "__main__":
-    _serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2])
