@@ -18,7 +18,7 @@ import torch
 from torch.distributed import TCPStore
 from torch.utils._pytree import tree_flatten
 
-from conftest import REPO, Job
+from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint.memory import restore, serialize
 from phalanx.launch import priority
 from phalanx.launch.zygote import Zygote
@@ -202,18 +202,7 @@ def test_the_zygote_forks_workers_and_reports_how_they_end(tmp_path: Path) -> No
     finally:
         zygote.stop()
     assert orphaned.wait(30) == -signal.SIGKILL
-    deadline = time.monotonic() + 10
-    while _alive(orphaned.pid) and time.monotonic() < deadline:  # it died with the zygote
-        time.sleep(0.05)
-    assert not _alive(orphaned.pid)
-
-
-def _alive(pid: int) -> bool:
-    """Running, not gone nor a zombie (whoever reaps orphans here may be slow to)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_gone([orphaned.pid], timeout=10)  # it died with the zygote
 
 
 def test_twenty_recoveries_leak_no_memory_and_no_process_groups(job: Job, tmp_path: Path) -> None:
