@@ -9,18 +9,15 @@ TP 2, ...) loads into any other.
 
 Async saves (the default) copy the state into reused CPU buffers and write it, on a background thread whose
 collectives run over a process group of their own, while training goes on; the trainer calls ``staged()``
-before its optimizer changes the weights. The thread runs at nice 19 (Linux keeps a nice value per thread):
-where cores are short (CPU training, a busy host) training keeps them and the write takes what is left
-(bench/checkpoint.py, 2 ranks on 2 cores, side by side: whole cost 0.60x DCP async_save's against 0.74x at
-nice 0, the write 0.67 s against 0.49 s; the figure swings with the machine's load, bench/RESULTS.md).
-At most one save is in flight: the next one waits for it, so a checkpoint is never overwritten or half
-replaced. Sync saves do the same work on the calling thread.
+before its optimizer changes the weights. The thread keeps the worker's priority: at nice 19 it held Python's
+GIL while the scheduler kept it off the cores, and training waited for it (bench/checkpoint.py, side by side:
+a save's whole cost 424 ms at nice 19 against 286 ms at nice 0). At most one save is in flight: the next one
+waits for it, so a checkpoint is never overwritten or half replaced. Sync saves do the same work on the
+calling thread.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,10 +35,6 @@ from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
 from phalanx.resilience.inprocess import NoRecovery
 from phalanx.spec.model import Checkpoint
-
-
-def _lowest_priority() -> None:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,7 @@ class CheckpointManager:
         # training's collectives.
         self._group = dist.new_group(backend="gloo")
         self._staging = Staging(device)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint", initializer=_lowest_priority)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint")
         self._staged: Future[None] | None = None
         self._pending: tuple[int, Future[None]] | None = None
         self._blocked_s = 0.0

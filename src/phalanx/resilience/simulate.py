@@ -58,9 +58,9 @@ class Costs:
 
     step_s: float = 0.33  # llama-debug on 2 CPU processes, one thread each (bench/recovery.py)
     save_s: float = 0.007  # phalanx's async save of llama-debug: training blocked per save
-    restart_s: float = 5.85  # phalanx: kill -> next step, restart from the checkpoint (bench/recovery.py)
-    in_process_s: float = 1.2  # phalanx in process: kill -> next step, warm spare, state from memory (same)
-    spare_s: float = 1.2  # a spare node taking a lost node's place in process (assumed as in process)
+    restart_s: float = 3.26  # phalanx: kill -> next step, restart from the checkpoint (bench/recovery.py)
+    in_process_s: float = 0.54  # phalanx in process: kill -> next step, warm spare, state from memory (same)
+    spare_s: float = 0.54  # a spare node taking a lost node's place in process (assumed as in process)
     snapshot_s: float = 0.065  # one in-memory snapshot of llama-debug (serialize + trade with a neighbour)
     snapshot_every: int | None = None  # steps; None: Young/Daly's for the failures recovered in process
     detect_s: float = 0.1  # a crash is seen within the supervisor's poll
