@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint.memory import restore, serialize
 from phalanx.launch import priority
-from phalanx.launch.zygote import Zygote
+from phalanx.launch.zygote import Forked, Zygote
 from phalanx.obs import read_jsonl
 from phalanx.resilience import inprocess
 from phalanx.spec import SpecError, parse_spec
@@ -185,14 +185,14 @@ def test_the_zygote_forks_workers_and_reports_how_they_end(tmp_path: Path) -> No
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     zygote = Zygote("child", env)
     try:
-        for what in ("exit", "raise", "sleep", "sleep"):
-            zygote.fork({**env, "WHAT": what}, priority.LOWEST if what == "sleep" else priority.NORMAL)
-        forked: list = []
+        for tag, what in (("exits", "exit"), ("raises", "raise"), ("killed", "sleep"), ("orphaned", "sleep")):
+            zygote.fork(tag, {**env, "WHAT": what}, priority.LOWEST if what == "sleep" else priority.NORMAL)
+        forked: dict[str, Forked] = {}
         deadline = time.monotonic() + 60
         while len(forked) < 4 and time.monotonic() < deadline:
-            forked += zygote.forked()
+            forked.update(zygote.forked())
             time.sleep(0.01)
-        exits, raises, killed, orphaned = forked
+        exits, raises, killed, orphaned = (forked[tag] for tag in ("exits", "raises", "killed", "orphaned"))
         assert exits.wait(30) == 3 and exits.stdout.read() == b"exit True True\n"
         assert raises.wait(30) == 1 and b"RuntimeError: a worker's error" in raises.stdout.read()
         if AUTOGROUPS:

@@ -19,7 +19,6 @@ It does not recover in process, and the job restarts from its last checkpoint in
 
 from __future__ import annotations
 
-import collections
 import json
 import signal
 import time
@@ -55,8 +54,7 @@ class InProcessRecovery:
         self.generation = 0
         self.pending: Pending | None = None
         self.spares: list[Worker] = []
-        self._zygote: Zygote | None = None
-        self._forking: collections.deque[Worker] = collections.deque()  # asked of the zygote, not yet forked
+        self._zygote: Zygote[Worker] | None = None
         self._numbered = 0
         self._past: int | None = None  # the job must get past this step before the next recovery in process
 
@@ -72,14 +70,12 @@ class InProcessRecovery:
         assert self._zygote is not None
         spare = spare_worker(self.plan, self.node, self.spec, self.run_dir, self._numbered)
         self._numbered += 1
-        self._zygote.fork(spare.env, priority.LOWEST if beside_training else priority.NORMAL)
-        self._forking.append(spare)
+        self._zygote.fork(spare, spare.env, priority.LOWEST if beside_training else priority.NORMAL)
 
     def _adopt(self) -> None:
         """The spares the zygote has forked since: into the worker group (their output teed, exits seen)."""
         assert self._zygote is not None
-        for forked in self._zygote.forked():
-            spare = self._forking.popleft()
+        for spare, forked in self._zygote.forked():
             self.group.start_one(spare, f"attempt {self.plan.attempt}: warm spare {spare.spare}", forked)
             self.spares.append(spare)
 

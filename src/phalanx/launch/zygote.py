@@ -37,12 +37,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Generic, TypeVar
 
 from phalanx.launch import priority
 from phalanx.launch.workers import die_with_parent
 
 MESSAGE = 1 << 20  # the largest message: an environment
+Tag = TypeVar("Tag")
 
 
 class Forked:
@@ -66,9 +67,9 @@ class Forked:
         self._exited.set()
 
 
-class Zygote:
+class Zygote(Generic[Tag]):
     """The supervisor's side: start the zygote for ``module`` with ``env``; ``fork`` asks it for a process,
-    ``forked`` gives those it has forked since, in the order asked."""
+    ``forked`` gives those it has forked since, each with the tag it was asked with."""
 
     def __init__(self, module: str, env: Mapping[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -85,24 +86,25 @@ class Zygote:
         theirs.close()
         self._sock = ours
         self._lock = threading.Lock()
-        self._outputs: collections.deque[int] = collections.deque()  # read ends, in the order asked
+        self._asked: collections.deque[tuple[Tag, int]] = collections.deque()  # tags and read ends, in order
         self._running: dict[int, Forked] = {}
-        self._forked: queue.SimpleQueue[Forked] = queue.SimpleQueue()
+        self._forked: queue.SimpleQueue[tuple[Tag, Forked]] = queue.SimpleQueue()
         threading.Thread(target=self._listen, name="zygote", daemon=True).start()
 
-    def fork(self, env: Mapping[str, str], nice: int = priority.NORMAL) -> None:
-        """Ask for a process with ``env`` whose session runs at ``nice`` (launch/priority.py)."""
+    def fork(self, tag: Tag, env: Mapping[str, str], nice: int = priority.NORMAL) -> None:
+        """Ask for a process with ``env`` whose session runs at ``nice`` (launch/priority.py); ``forked`` gives
+        it back with ``tag``."""
         read, write = os.pipe()
         with self._lock:
-            self._outputs.append(read)
+            self._asked.append((tag, read))
             try:
                 socket.send_fds(self._sock, [json.dumps({"env": dict(env), "nice": nice}).encode()], [write])
             except OSError:  # the zygote is gone: no answer will come
-                self._outputs.remove(read)
+                self._asked.pop()
                 os.close(read)
         os.close(write)
 
-    def forked(self) -> list[Forked]:
+    def forked(self) -> list[tuple[Tag, Forked]]:
         done = []
         with contextlib.suppress(queue.Empty):
             while True:
@@ -119,17 +121,18 @@ class Zygote:
                 with self._lock:
                     for process in self._running.values():
                         process._exit(-signal.SIGKILL)
-                    while self._outputs:
-                        os.close(self._outputs.popleft())
+                    while self._asked:
+                        os.close(self._asked.popleft()[1])
                 return
             answer = json.loads(message)
             with self._lock:
                 if "exited" in answer:
                     self._running.pop(answer["exited"])._exit(answer["returncode"])
                 else:
-                    process = Forked(answer["pid"], os.fdopen(self._outputs.popleft(), "rb"))
+                    tag, read = self._asked.popleft()
+                    process = Forked(answer["pid"], os.fdopen(read, "rb"))
                     self._running[process.pid] = process
-                    self._forked.put(process)
+                    self._forked.put((tag, process))
 
     def stop(self) -> None:
         """Kill the zygote and with it every process it forked."""
