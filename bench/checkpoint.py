@@ -97,7 +97,7 @@ def launch(args: argparse.Namespace) -> None:
         "Behind training: phalanx's write, checksum of every file and commit took "
         f"{spread([r['write_s'] for r in runs], fmt='{:.2f}')} s per save. A training step with no save in flight "
         f"took {spread([r['quiet'] for r in runs], 1e3, '{:.0f}')} ms; steps beside a write are slower, because "
-        "the write competes with training for the CPU cores."
+        "the write competes with training for the CPU cores and for Python's GIL."
     )
     report.finish(args.out)
 
