@@ -2,7 +2,7 @@
 phalanx's async save; the time training is blocked, and the whole cost (blocked plus the extra time of the
 training steps that run beside the background write).
 
-    .venv/bin/python bench/checkpoint.py [--procs 2] [--dim 512] [--layers 8] [--rounds 10] [--repeats 3]
+    .venv/bin/python bench/checkpoint.py [--procs 2] [--dim 512] [--layers 8] [--rounds 6] [--gap 8] [--repeats 3]
 
 Launches itself under torchrun; every worker builds the phalanx Trainer (FSDP2 over all ranks) and, round by
 round, saves the same training state by each method in turn, training between saves:
@@ -21,16 +21,19 @@ round, saves the same training state by each method in turn, training between sa
   shard into host memory and trades a copy with its ring neighbour; synchronous, so its whole cost is the
   time it blocks.
 
-Blocked: what the training thread spends in those calls (the save call, then the wait for staging inside
-the next step). Whole cost: the wall time the save added to training, that is blocked plus, over the steps
-that ran while the write was still going, their time less as many steps with no save in flight (the median
-of those). Signed, not each step's excess clipped at 0 as the goodput ledger splits a step: clipping adds
-the steps' own noise, and more of it to a write that spans more steps. After each async save training goes
-on until its write is done. The methods take turns in an order that rotates from round to round, so none
-always follows the same one. Each method's saves are deleted by the benchmark between saves, outside the
-timings (phalanx's keep_last retirement would otherwise delete behind training, which DCP leaves to its
-user). Rank 0's figures; medians over the rounds after the first (which pays one-time costs: buffer
-allocation, plan caches), then the median and range over ``--repeats`` separate runs. Goals: phalanx
+Blocked: what the training thread spends in those calls (the save call, then the wait for staging inside the
+next step). Whole cost: the wall time the save added to training, that is blocked plus, over the steps that
+ran while the write was still going, their time less as many steps with no save in flight (the median of
+those). Signed, not each step's excess clipped at 0 as the goodput ledger splits a step: clipping adds the
+steps' own noise, and more of it to a write that spans more steps. After an async save training goes on
+until its write is done; after every save, ``--gap`` steps with no save in flight (the baseline) come before
+the next method's save: a job saves every few minutes, not back to back, and on a host that gives freed memory back
+(this machine's VM hands it to its host within seconds) a write after a pause pays to map fresh pages for the
+page cache, which saves one after another did not show. The methods take turns in an order that rotates from
+round to round, so none always follows the same one. Each method's saves are deleted by the benchmark between
+saves, outside the timings (phalanx's keep_last retirement would otherwise delete behind training, which DCP
+leaves to its user). Rank 0's figures; medians over the rounds after the first (which pays one-time costs:
+buffer allocation, plan caches), then the median and range over ``--repeats`` separate runs. Goals: phalanx
 blocking <= 5% of sync DCP and <= 0.5x DCP async_save; whole cost below DCP async_save's (issue 17).
 """
 
@@ -55,7 +58,8 @@ def launch(args: argparse.Namespace) -> None:
         f" micro_batch: 2, seq_len: 64, optimizer: {{warmup_steps: 10}}}}\n"
         "checkpoint: {every_steps: 1000000}\n"
     )
-    runs = [_torchrun.run_workers(__file__, spec, args, [f"--rounds={args.rounds}"]) for _ in range(args.repeats)]
+    worker_args = [f"--rounds={args.rounds}", f"--gap={args.gap}"]
+    runs = [_torchrun.run_workers(__file__, spec, args, worker_args) for _ in range(args.repeats)]
     first, methods = runs[0], list(runs[0]["blocked"])
     report = Report(
         "Checkpoint cost",
@@ -64,8 +68,8 @@ def launch(args: argparse.Namespace) -> None:
         f"({first['params'] / 1e6:.1f}M params, {first['bytes'] / 2**20:.0f} MiB per checkpoint with the AdamW "
         f"state), FSDP2 over {args.procs} {args.device} rank(s), local disk. Each round saves the same training "
         "state by each method in turn, in an order that rotates from round to round; after an async save training "
-        "goes on until its write is done. Whole cost: the wall time a save added to training (blocked, plus the "
-        "steps beside the write less as many quiet steps). "
+        f"goes on until its write is done; after each save, {args.gap} steps with no save in flight. Whole cost: the "
+        "wall time a save added to training (blocked, plus the steps beside the write less as many quiet steps). "
         f"{args.rounds} timed rounds after one warm-up round, medians, rank 0; {args.repeats} separate runs: "
         "each figure is the median over the runs, with their range. DCP async_save runs with a kept "
         "`DefaultStager` (async staging into cached buffers), the setting its docs recommend that works on CPU. "
@@ -236,10 +240,10 @@ def worker(args: argparse.Namespace) -> None:
                 blocked[method].append(took)
                 beside[method].append(len(work))
                 pending.append((method, took, work))
-        for _ in range(3):
-            spent = step(ours)[0]  # no save in flight
-            if r > 0:
-                quiet.append(spent)
+            for _ in range(args.gap):
+                spent = step(ours)[0]  # no save in flight
+                if r > 0:
+                    quiet.append(spent)
     usual = statistics.median(quiet)
     for method, took, work in pending:
         cost[method].append(took + sum(work) - usual * len(work))
@@ -266,5 +270,5 @@ def worker(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    options = {"--dim": (int, 512), "--layers": (int, 8), "--rounds": (int, 10)}
+    options = {"--dim": (int, 512), "--layers": (int, 8), "--rounds": (int, 6), "--gap": (int, 8)}
     _torchrun.main(__doc__, options, launch, worker)

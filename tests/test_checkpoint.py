@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import json
 import math
+import mmap
 import os
 import shutil
 import signal
@@ -23,8 +25,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint import CheckpointDir
 from phalanx.checkpoint.export import read_model
-from phalanx.checkpoint.hashing import hashing_writer
 from phalanx.checkpoint.interval import choose, default_mtbf_hours
+from phalanx.checkpoint.writer import WINDOW, storage_writer
 from phalanx.obs import read_jsonl
 from phalanx.train.models.llama import PRESETS, Llama, LlamaConfig
 
@@ -133,7 +135,7 @@ def _rewrite_checksums(step_dir: Path, checksum: Callable[[bytes], dict[str, str
 
 
 def test_a_file_written_out_of_order_is_not_hashed_in_writing(tmp_path: Path) -> None:
-    writer, written = hashing_writer(str(tmp_path), local=True)
+    writer, written = storage_writer(str(tmp_path), local=True)
     with writer.fs.create_stream(tmp_path / "appended", "wb") as stream:
         stream.write(b"abc")
         stream.write(memoryview(b"defg"))
@@ -143,6 +145,40 @@ def test_a_file_written_out_of_order_is_not_hashed_in_writing(tmp_path: Path) ->
         stream.write(b"x")
     assert written == {"appended": {"size": 7, "xxh3_128": xxhash.xxh3_128_hexdigest(b"abcdefg")}}
     assert (tmp_path / "rewritten").read_bytes() == b"xbc"  # left to be read back
+
+
+def _cached_bytes(path: Path) -> int:
+    """How much of ``path`` is in the page cache (mincore(2) over a mapping of it)."""
+    size = path.stat().st_size
+    with path.open("rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        page = mmap.PAGESIZE
+        vector = (ctypes.c_ubyte * ((size + page - 1) // page))()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+        assert ctypes.CDLL(None, use_errno=True).mincore(ctypes.c_void_p(address), size, vector) == 0
+        return sum(v & 1 for v in vector) * page
+
+
+def test_a_checkpoint_file_is_written_through_a_small_window_of_the_page_cache(tmp_path: Path) -> None:
+    """What the writer wrote leaves the page cache as it goes: at most ``WINDOW`` of a file stays cached, where
+    a file written plainly stays cached whole (unless the file system keeps no cache apart, as tmpfs)."""
+    data = os.urandom(1 << 20) * (WINDOW * 4 >> 20)
+    plain = tmp_path / "plain"
+    with plain.open("wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    if _cached_bytes(plain) < len(data) // 2:
+        pytest.skip("this file system does not keep written files in the page cache")
+    with plain.open("rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if _cached_bytes(plain) > 0:
+        pytest.skip("this file system keeps its files in memory (tmpfs): there is no page cache to spare")
+    writer, written = storage_writer(str(tmp_path), local=True)
+    with writer.fs.create_stream(tmp_path / "windowed", "wb") as stream:
+        for chunk in range(0, len(data), 1 << 20):
+            stream.write(data[chunk : chunk + (1 << 20)])
+        os.fsync(stream.fileno())
+    assert _cached_bytes(tmp_path / "windowed") <= WINDOW
+    assert (tmp_path / "windowed").read_bytes() == data and written["windowed"]["size"] == len(data)
 
 
 def test_sync_and_async_saves_hold_the_same_state(job: Job, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The CheckpointManager: sharded saves through torch.distributed.checkpoint (DCP), committed atomically.
 
 A save becomes visible only once every rank's shards and DCP's metadata are written (DCP's save returns
-on every rank after its final collective) and hashed (each rank's shards as it writes them, ``hashing``),
+on every rank after its final collective) and hashed (each rank's shards as it writes them, ``writer``),
 and rank 0 has written the manifest and then the commit marker (see ``directory``). ``latest_valid()``
 walks back from the newest step and skips, saying why, any checkpoint without a marker or whose files do
 not match its manifest. Loading goes through DCP, which reshards: a checkpoint saved with one layout (FSDP over 4,
@@ -30,9 +30,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from phalanx.checkpoint.directory import CheckpointDir
-from phalanx.checkpoint.hashing import hashing_writer
 from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
+from phalanx.checkpoint.writer import storage_writer
 from phalanx.resilience.inprocess import NoRecovery
 from phalanx.spec.model import Checkpoint
 
@@ -145,7 +145,7 @@ class CheckpointManager:
         if self.rank == 0:
             self.dir.remove(step)  # leftovers of an earlier attempt at this step, never half-mixed with ours
         dist.barrier(group=self._group)
-        writer, written = hashing_writer(self.dir.location(step), self.dir.local)
+        writer, written = storage_writer(self.dir.location(step), self.dir.local)
         dcp.save(state, storage_writer=writer, process_group=self._group)
         files = self._describe_files(step, written)
         if self.rank == 0:
@@ -163,7 +163,7 @@ class CheckpointManager:
 
     def _describe_files(self, step: int, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Size and sha256 of every file of the step, for rank 0: each rank's shards as it wrote them
-        (``hashing``), any other file (DCP's .metadata) read back. (The directory was emptied before the save.)"""
+        (``writer``), any other file (DCP's .metadata) read back. (The directory was emptied before the save.)"""
         gathered: list[dict[str, Any]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
         dist.gather_object(written, gathered, dst=0, group=self._group)
         if gathered is None:
