@@ -162,7 +162,7 @@ class CheckpointManager:
         dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
 
     def _describe_files(self, step: int, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Size and sha256 of every file of the step, for rank 0: each rank's shards as it wrote them
+        """Size and checksum of every file of the step, for rank 0: each rank's shards as it wrote them
         (``writer``), any other file (DCP's .metadata) read back. (The directory was emptied before the save.)"""
         gathered: list[dict[str, Any]] | None = [{} for _ in range(self.world_size)] if self.rank == 0 else None
         dist.gather_object(written, gathered, dst=0, group=self._group)
