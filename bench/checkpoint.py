@@ -25,16 +25,16 @@ Blocked: what the training thread spends in those calls (the save call, then the
 next step). Whole cost: the wall time the save added to training, that is blocked plus, over the steps that
 ran while the write was still going, their time less as many steps with no save in flight (the median of
 those). Signed, not each step's excess clipped at 0 as the goodput ledger splits a step: clipping adds the
-steps' own noise, and more of it to a write that spans more steps. After an async save training goes on
-until its write is done; after every save, ``--gap`` steps with no save in flight (the baseline) come before
-the next method's save: a job saves every few minutes, not back to back, and on a host that gives freed memory back
-(this machine's VM hands it to its host within seconds) a write after a pause pays to map fresh pages for the
-page cache, which saves one after another did not show. The methods take turns in an order that rotates from
-round to round, so none always follows the same one. Each method's saves are deleted by the benchmark between
-saves, outside the timings (phalanx's keep_last retirement would otherwise delete behind training, which DCP
-leaves to its user). Rank 0's figures; medians over the rounds after the first (which pays one-time costs:
-buffer allocation, plan caches), then the median and range over ``--repeats`` separate runs. Goals: phalanx
-blocking <= 5% of sync DCP and <= 0.5x DCP async_save; whole cost below DCP async_save's (issue 17).
+steps' own noise, and more of it to a write that spans more steps. After an async save training goes on until
+its write is done; after every save, ``--gap`` steps with no save in flight (the baseline) come before the
+next method's save: a job saves every few minutes, not back to back, and on a host that gives freed memory
+back (this machine's VM hands it to its host within seconds) a write after a pause pays to map fresh pages for
+the page cache, which saves one after another did not show. The methods take turns in an order that rotates
+from round to round, so none always follows the same one. Each method's saves are deleted by the benchmark
+between saves, outside the timings (phalanx's keep_last retirement would otherwise delete behind training,
+which DCP leaves to its user). Rank 0's figures; medians over the rounds after the first (which pays one-time
+costs: buffer allocation, plan caches), then the median and range over ``--repeats`` separate runs. Goals:
+phalanx blocking <= 5% of sync DCP and <= 0.5x DCP async_save; whole cost below DCP async_save's (issue 17).
 """
 
 from __future__ import annotations
