@@ -72,8 +72,9 @@ class InProcessRecovery:
         self._numbered += 1
         self._zygote.fork(spare, spare.env, priority.LOWEST if beside_training else priority.NORMAL)
 
-    def _adopt(self) -> None:
-        """The spares the zygote has forked since: into the worker group (their output teed, exits seen)."""
+    def adopt(self) -> None:
+        """The spares the zygote has forked since: into the worker group (their output teed, exits seen). The
+        supervisor calls it every tick, so that a spare's log fills as it starts."""
         assert self._zygote is not None
         for spare, forked in self._zygote.forked():
             self.group.start_one(spare, f"attempt {self.plan.attempt}: warm spare {spare.spare}", forked)
@@ -81,7 +82,6 @@ class InProcessRecovery:
 
     def ready_spare(self) -> Worker | None:
         """A spare that is alive and has said it waits (dead ones are dropped)."""
-        self._adopt()
         self.spares = [s for s in self.spares if s.exited_at is None]
         return next((s for s in self.spares if self.store.check([inprocess.ready_key(s.spare or 0)])), None)
 
@@ -141,7 +141,7 @@ class InProcessRecovery:
     def stop_spares(self) -> None:
         """Kill the spares (they hold no state) and the zygote, and collect them."""
         if self._zygote is not None:
-            self._adopt()
+            self.adopt()
             self._zygote.stop()  # and the spares it has not yet been seen to fork: they die with it
         spares = WorkerGroup(self.spares, lambda line: None)
         spares.send(signal.SIGKILL)

@@ -323,6 +323,8 @@ class Supervisor:
                 self._relayed = 1
             if self._signals:
                 return self._stop_on_signal(run), None
+            if recovery is not None:
+                recovery.adopt()
             ended, how = run.poll()
             if isinstance(how, NodeLost):
                 return self._stop_on_lost(run, how)
