@@ -34,9 +34,10 @@ def _settle() -> None:
 
 @record
 def main() -> None:
-    if "PHALANX_SPARE" in os.environ:  # forked from the zygote, warm: its threads, then wait for a rank
+    if "PHALANX_SPARE" in os.environ:  # forked from the zygote, warm and settled: its threads, then wait for a rank
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    _settle()
+    else:
+        _settle()
     ctx = init()
     Trainer(ctx).fit()
     ctx.close()
