@@ -4,6 +4,7 @@ compared with one-node runs of the same job, and after failures with a clean run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, Job, alive, wait_gone
+from conftest import REPO, Job, wait_gone
 from phalanx.launch.rendezvous import BEAT_S, Liveness
 from phalanx.obs import read_jsonl
 from phalanx.resilience.elastic import NoCapacity, Nodes
@@ -75,6 +76,22 @@ def _after_checkpoint(sup: subprocess.Popen[str], run: Path, steps: int = 6) -> 
 def _agent_pid(run: Path, node: int) -> int:
     (joined,) = _events(run, "nodes_joined")
     return joined["agents"][str(node)]["pid"]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (its workers, and theirs), parents first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            child, rest = stat.read_text().split(" (", 1)[0], stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(rest[1]), []).append(int(child))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop(0))
+        todo += children.get(found[-1], [])
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -175,11 +192,18 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
     job: Job, tmp_path: Path, clean: tuple[Path, Path]
 ) -> None:
     clean_run, clean_ckpt = clean
+    """Node 1 frozen (its agent and workers stopped: a hung machine, which answers nothing): found lost by its
+    silence, replaced by the spare; the frozen processes are killed when the job ends."""
     sup, run = _launch(job, _spec(job, tmp_path / "ckpt", extra=", spare_nodes: 1"))
     first = _after_checkpoint(sup, run)
-    os.kill(_agent_pid(run, 1), signal.SIGKILL)  # its machine is gone: the agent and, with it, its workers
+    node1 = _tree(_agent_pid(run, 1))
     killed = time.time()
-    out, _ = sup.communicate(timeout=300)
+    try:
+        for pid in node1:
+            os.kill(pid, signal.SIGSTOP)
+        out, _ = sup.communicate(timeout=300)
+    finally:
+        sup.kill()
     assert sup.returncode == 0, out[-4000:]
     (lost,) = _events(run, "node_lost")
     assert lost["node"] == 1 and lost["addr"] == "127.0.0.3"
@@ -189,7 +213,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
     assert changed["change"] == "node 1 replaced by spare node 2 (lost)" and changed["members"] == [0, 2]
     second = _events(run, "attempt_started")[1]
     assert (first["nodes"], second["nodes"]) == ({"0": 0, "1": 1}, {"0": 0, "1": 2})
-    assert not any(alive(pid) for pid in first["pids"].values())  # the lost node's workers died with it
+    wait_gone([*node1, *first["pids"].values()])  # the frozen node's processes, killed with its agent
     summary = out[out.index("── phalanx run") :]
     assert "1. node 1 (127.0.0.3) lost" in summary and "replaced by spare node 2" in summary
     a = _weights(clean_ckpt, tmp_path / "a.pt", STEPS)
@@ -216,19 +240,40 @@ def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: 
     assert [after[s] for s in sorted(after)] == pytest.approx([expected[s] for s in sorted(after)], rel=1e-4)
 
 
-def test_when_the_rendezvous_host_dies_every_node_stops_and_says_why(job: Job, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_when_the_rendezvous_host_dies_or_freezes_every_node_stops_and_says_why(
+    job: Job, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Node 0's whole process tree killed (its sockets closed) or stopped (what a frozen or powered-off machine
+    looks like: no FIN, no RST; the other agents' calls on its store get no answer): every other agent stops
+    its workers, records why and exits within node_timeout_s (+ 2 s), and no process of the job is left."""
     sup, run = _launch(job, _spec(job, tmp_path / "ckpt", extra=", spare_nodes: 1"))
     first = _after_checkpoint(sup, run, steps=2)
-    os.kill(_agent_pid(run, 0), signal.SIGKILL)
-    out, _ = sup.communicate(timeout=120)
+    (joined,) = _events(run, "nodes_joined")
+    agents = [a["pid"] for a in joined["agents"].values()]
+    node0 = _tree(_agent_pid(run, 0))
+    struck = time.time()
+    try:
+        for pid in node0:
+            os.kill(pid, sig)
+        out, _ = sup.communicate(timeout=120)
+    finally:  # a failure leaves nothing frozen behind: the agents die with `--local-nodes`, workers with them
+        for pid in node0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        sup.kill()
     assert sup.returncode == 1, out[-4000:]
-    wait_gone(list(first["pids"].values()))  # every node's workers, node 0's with its agent
-    said = [e["node"] for e in _events(run, "rendezvous_lost")]
-    assert sorted(said) == [1, 2]  # the member and the spare
+    wait_gone([*agents, *first["pids"].values(), *node0])  # node 0's frozen tree killed by `--local-nodes`
+    lost = _events(run, "rendezvous_lost")
+    assert sorted(e["node"] for e in lost) == [1, 2]  # the member and the spare
+    assert all(e["ts"] - struck <= 5.0 + 2.0 for e in lost), [e["ts"] - struck for e in lost]
     result = json.loads((run / "result.json").read_text())
-    assert result["outcome"] == "failed" and result["failed_node"] == 0
+    assert result["outcome"] == "failed" and result["failed_node"] == 0 and result["node_lost"]
     assert result["reason"].startswith("node 0 (127.0.0.2), the rendezvous host, lost")
     assert "killing this node's workers and exiting (the job must be started again)" in out
+    if sig == signal.SIGSTOP:
+        assert "did not answer within 5 s" in result["reason"] or "heartbeat stopped" in result["reason"]
+        assert "node 0's agent (pid" in out and "killing it and its workers" in out
 
 
 def test_a_hung_worker_on_node_1_dumps_every_node_stacks_and_the_job_restarts(job: Job, tmp_path: Path) -> None:

@@ -106,8 +106,15 @@ def agent(
     ),
     runs_dir: Path = RUNS_DIR,
     join_timeout_s: float = typer.Option(600.0, "--join-timeout-s", help="how long to wait for the other nodes"),
+    on_node0_lost: str | None = typer.Option(
+        None,
+        "--on-node0-lost",
+        help="a shell command a surviving agent runs once node 0 is lost, to have the cluster manager start the job "
+        "again (the Slurm batch script gives scontrol requeue)",
+    ),
 ) -> None:
     """Run this machine's part of a multi-node job: one agent per node, like torchrun's (docs/multinode.md)."""
+    import os
     import socket
 
     from phalanx.launch import HostedRendezvous, LaunchError, NodeAgent, Supervisor
@@ -124,11 +131,18 @@ def agent(
             store = host_store(host, int(port), STORE_TIMEOUT_S)
             hosted = HostedRendezvous(store, addr or host, join_timeout_s)
             raise typer.Exit(Supervisor(spec, runs_dir, rendezvous=hosted).run().exit_code)
-        node = NodeAgent(spec, (host, int(port)), node_rank, addr or socket.gethostname(), join_timeout_s)
-        raise typer.Exit(node.run())
+        node = NodeAgent(
+            spec, (host, int(port)), node_rank, addr or socket.gethostname(), join_timeout_s, on_lost=on_node0_lost
+        )
+        code = node.run()
     except (LaunchError, OSError) as e:
         err.print(f"[bold red]cannot start[/] {spec.name} node {node_rank}: {e}", highlight=False)
         raise typer.Exit(2) from None
+    # A store call abandoned past its bound (node 0 frozen) is still inside torch on a thread of its own; the
+    # interpreter's teardown would run into it and abort. Nothing is left to clean up: leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Prepare and check tokenized datasets.")

@@ -3,20 +3,21 @@ is a member of (a spare waits), and does what node 0 says: dump stacks, stop. No
 supervisor itself (launch/supervisor.py); `phalanx agent` picks the role from ``--node-rank``.
 
 An agent never decides for the job: a rank that fails here is reported to node 0, which ends the attempt on
-every node. The one thing it decides alone is what to do when node 0 is gone (its store stops answering, or
-its heartbeat stops for ``resilience.node_timeout_s``): it kills its workers, records the cause in the run
-directory and exits with code 1. The rendezvous is not taken over by another node (docs/multinode.md says
-why); the cluster manager restarts the job, which resumes from its last checkpoint.
+every node. The one thing it decides alone is what to do when node 0 is gone: its store fails, or does not
+answer a call within ``resilience.node_timeout_s`` (node 0 frozen or cut off), or its heartbeat stops for as
+long. The agent kills its workers, records the cause in the run directory, runs ``on_lost`` (the cluster
+manager's way to start the job again: Slurm's requeue) and exits with code 1. The rendezvous is not taken over
+by another node (docs/multinode.md says why); the restarted job resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -25,7 +26,7 @@ from typing import TextIO
 
 from phalanx.launch.fleet import POLL_S, LaunchError
 from phalanx.launch.node import Plan, node_workers
-from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, attempt_key, join_store
+from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, attempt_key
 from phalanx.launch.supervisor import Outcome, RunResult, resolve_device, spec_digest
 from phalanx.launch.workers import WorkerGroup
 from phalanx.obs import EventLog, RunDir
@@ -46,9 +47,12 @@ class NodeAgent:
         addr: str,
         join_timeout_s: float,
         console: TextIO = sys.stdout,
+        on_lost: str | None = None,
     ):
+        """``on_lost``: a shell command run once node 0 is found lost, after the workers are stopped and the
+        loss recorded (bounded by ``node_timeout_s``)."""
         self.spec, self.rdzv_addr, self.node, self.addr = spec, rdzv, node, addr
-        self.join_timeout_s = join_timeout_s
+        self.join_timeout_s, self.on_lost = join_timeout_s, on_lost
         self.console = Console(console, live=False)
         self.timeout_s = spec.resilience.node_timeout_s
         self.coordinator = Liveness(self.timeout_s)
@@ -63,20 +67,20 @@ class NodeAgent:
         """Serve the job until it finishes; the job's exit code (1 if node 0 was lost)."""
         host, port = self.rdzv_addr
         try:
-            store = join_store(host, port, self.join_timeout_s)
-        except RuntimeError:
+            rdzv = Rendezvous.join(host, port, self.join_timeout_s, self.timeout_s)
+        except RendezvousLost:
             raise LaunchError(
                 f"no rendezvous at {host}:{port} within {self.join_timeout_s:g} s (is node 0's agent "
                 "running, and is that its address?)"
             ) from None
-        store.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # each call: a silent host is lost
-        rdzv = Rendezvous(store)
         beat = None
         caught = (signal.SIGINT, signal.SIGTERM)  # handed to node 0, which stops the job on every node
         previous = {sig: signal.signal(sig, lambda s, _f: self._signals.append(s)) for sig in caught}
         try:
             self._join(rdzv)
-            beat = Heartbeat(lambda: join_store(host, port, self.timeout_s), f"agent/{self.node}/beat")
+            beat = Heartbeat(
+                lambda: Rendezvous.join(host, port, self.timeout_s, self.timeout_s), f"agent/{self.node}/beat"
+            )
             return self._serve(rdzv)
         except (RendezvousLost, CoordinatorLost) as e:
             return self._coordinator_lost(str(e))
@@ -183,15 +187,29 @@ class NodeAgent:
         self.group = None
 
     def _coordinator_lost(self, why: str) -> int:
-        """Node 0 is gone: stop this node's workers, say so in the run directory, exit 1."""
+        """Node 0 is gone: stop this node's workers, say so in the run directory, start the job again if the
+        cluster manager can (``on_lost``), exit 1."""
         reason = f"node 0 ({self.rdzv_addr[0]}), the rendezvous host, lost: {why}"
-        self.say(f"{reason}; killing this node's workers and exiting (the job must be started again)")
+        then = "running " + self.on_lost if self.on_lost else "the job must be started again"
+        self.say(f"{reason}; killing this node's workers and exiting ({then})")
         if self.group is not None:
             self.group.stop(signal.SIGKILL, 0)
-        if self.run_dir is None:
-            return 1
-        EventLog(self.run_dir.events).emit("rendezvous_lost", node=self.node, addr=self.addr, cause=why)
-        result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=0, node_lost=True)
-        with contextlib.suppress(FileExistsError), self.run_dir.result.open("x") as f:  # the first survivor's
-            f.write(json.dumps(asdict(result), indent=2) + "\n")
+        if self.run_dir is not None:
+            EventLog(self.run_dir.events).emit("rendezvous_lost", node=self.node, addr=self.addr, cause=why)
+            result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=0, node_lost=True)
+            with contextlib.suppress(FileExistsError), self.run_dir.result.open("x") as f:  # the first survivor's
+                f.write(json.dumps(asdict(result), indent=2) + "\n")
+        if self.on_lost:
+            self._run_on_lost(self.on_lost)
         return 1
+
+    def _run_on_lost(self, command: str) -> None:
+        try:
+            done = subprocess.run(
+                command, shell=True, capture_output=True, text=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            self.say(f"`{command}` did not finish within {self.timeout_s:g} s (node_timeout_s): killed")
+            return
+        said = (done.stdout + done.stderr).strip()
+        self.say(f"`{command}` exited with code {done.returncode}" + (f": {said}" if said else ""))

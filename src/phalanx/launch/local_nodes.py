@@ -4,7 +4,9 @@ loopback address 127.0.0.(n + 2), node 0 hosting the rendezvous; they share this
 nodes of a cluster share theirs.
 
 The agents run in sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which hands
-it to node 0 once (node 0 stops the job on every node); and each dies with this process.
+it to node 0 once (node 0 stops the job on every node); and each dies with this process. Nothing here waits
+without a bound: node 0 frozen makes the other agents leave (they find it lost), and then this process kills
+it, and with it its workers, as a cluster manager would end a job whose head node stopped answering.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from phalanx.launch.workers import die_with_parent
 from phalanx.spec import JobSpec
 
-SETTLE_S = 10.0  # after node 0 has exited, how long the other agents get to finish on their own
+POLL_S = 0.1
 
 
 def local_addr(node: int) -> str:
@@ -66,17 +68,38 @@ def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        first = agents[0].wait()
-        # The others end once they see the job's end or node 0 gone; one still waiting to join would wait
-        # for its join timeout: stop it.
-        deadline = time.monotonic() + spec.resilience.node_timeout_s + SETTLE_S
-        while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_for_node0(agents, spec.resilience.node_timeout_s)
+        # The others end once they see the job's end or node 0 gone; one still waiting to join, or frozen,
+        # would not: stop it.
+        _wait_all(agents, spec.resilience.node_timeout_s)
         for agent in agents:
             if agent.poll() is None:
                 agent.kill()
-        codes = [first, *(agent.wait() for agent in agents[1:])]
+        codes = [agent.wait() for agent in agents]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return codes[0] if codes[0] >= 0 else max(codes[1:], default=1)
+
+
+def _wait_for_node0(agents: list[subprocess.Popen], timeout_s: float) -> None:
+    """Until node 0's agent exits; or, once every other agent has (they leave a node 0 that is alive only after
+    it said the job ended, so it follows within moments), at most ``timeout_s`` more: node 0 is frozen."""
+    node0, others = agents[0], agents[1:]
+    while node0.poll() is None:
+        if others and all(a.poll() is not None for a in others):
+            _wait_all([node0], timeout_s)
+            if node0.poll() is None:
+                print(
+                    f"[phalanx] node 0's agent (pid {node0.pid}) did not end within {timeout_s:g} s of every "
+                    "other node's: killing it and its workers",
+                    flush=True,
+                )
+            return
+        time.sleep(POLL_S)
+
+
+def _wait_all(agents: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
+        time.sleep(POLL_S)

@@ -1,6 +1,8 @@
 """The job's rendezvous: a c10d TCPStore that node 0's agent hosts and every agent joins, and the keys they
 talk through. No socket protocol of our own: every exchange is a JSON value set on a key of the store
-(PrefixStore ``phalanx/``), read by polling, and liveness is a counter each side keeps adding to.
+(PrefixStore ``phalanx/``), read by polling, and liveness is a counter each side keeps adding to. Every call
+another node makes on the store is bounded (``Bounded``): node 0 frozen or cut off is found as surely as node 0
+gone.
 
     run                        node 0: the run directory, the spec's digest, the job's shape
     agent/<n>                  agent n joined: its address, host name and pid (or why it cannot run)
@@ -24,10 +26,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import queue
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
@@ -41,6 +46,43 @@ def attempt_key(attempt: int, name: str, node: int | None = None) -> str:
 
 class RendezvousLost(RuntimeError):
     """The store (node 0's agent) did not answer."""
+
+
+T = TypeVar("T")
+
+
+class Bounded:
+    """Makes calls on a thread of its own and waits at most ``bound_s`` for each. A c10d store client waits for
+    a reply with no bound of its own: the kernel of a host that is frozen (or cut off without a reset) still
+    accepts the request, and the client's ``recv`` waits forever; ``Store.set_timeout`` bounds only the wait
+    for a key to appear. A call past its bound raises RendezvousLost and is left to its thread; so is every
+    later call, at once: that connection is never used again."""
+
+    def __init__(self, bound_s: float):
+        self.bound_s = bound_s
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._stuck: str | None = None
+        threading.Thread(target=self._serve, name="store-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            call, done = self._calls.get()
+            try:
+                done.set_result(call())
+            except BaseException as e:  # handed to the caller, whatever it is
+                done.set_exception(e)
+
+    def __call__(self, call: Callable[[], T], bound_s: float | None = None) -> T:
+        if self._stuck is not None:
+            raise RendezvousLost(self._stuck)
+        done: Future[T] = Future()
+        self._calls.put((call, done))
+        bound = self.bound_s if bound_s is None else bound_s
+        try:
+            return done.result(bound)
+        except TimeoutError:
+            self._stuck = f"the store at its host did not answer within {bound:g} s"
+            raise RendezvousLost(self._stuck) from None
 
 
 def host_store(addr: str, port: int, timeout_s: float) -> TCPStore:
@@ -71,38 +113,51 @@ def join_store(addr: str, port: int, timeout_s: float) -> TCPStore:
 
 
 class Rendezvous:
-    """JSON values on the job's store. Any store error (the host gone, or not answering within the store's
-    timeout) is raised as RendezvousLost."""
+    """JSON values on the job's store. Any store error (the host gone) is raised as RendezvousLost, and so is
+    a call not answered within ``bound``'s bound (None: the store is this process's own, node 0's)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, bound: Bounded | None = None):
         self.store = PrefixStore("phalanx/", store)
+        self._bound = bound
+
+    @classmethod
+    def join(cls, addr: str, port: int, wait_s: float, bound_s: float) -> Rendezvous:
+        """Join the store at ``addr:port``, waiting up to ``wait_s`` for it to come up; each call after that is
+        bounded by ``bound_s``, and so is a wait for the connection past ``wait_s``."""
+        bound = Bounded(bound_s)
+        with cls._lost():
+            store = bound(lambda: join_store(addr, port, wait_s), wait_s + bound_s)
+        store.set_timeout(datetime.timedelta(seconds=bound_s))  # a wait for a key, too
+        return cls(store, bound)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        with self._lost():
+            return call() if self._bound is None else self._bound(call)
 
     def put(self, key: str, value: Any) -> None:
-        with self._lost():
-            self.store.set(key, json.dumps(value))
+        self._call(lambda: self.store.set(key, json.dumps(value)))
 
     def get(self, key: str) -> Any | None:
         """The value at ``key``, or None if it is not set."""
-        with self._lost():
-            return json.loads(self.store.get(key)) if self.store.check([key]) else None
+        raw = self._call(lambda: self.store.get(key) if self.store.check([key]) else None)
+        return json.loads(raw) if raw is not None else None
 
     def has(self, key: str) -> bool:
-        with self._lost():
-            return self.store.check([key])
+        return self._call(lambda: self.store.check([key]))
 
     def add(self, key: str, amount: int = 1) -> int:
-        with self._lost():
-            return self.store.add(key, amount)
+        return self._call(lambda: self.store.add(key, amount))
 
     def counters(self, keys: list[str]) -> list[int | None]:
-        with self._lost():
-            return [int(self.store.get(k)) if self.store.check([k]) else None for k in keys]
+        return self._call(lambda: [int(self.store.get(k)) if self.store.check([k]) else None for k in keys])
 
     @staticmethod
     @contextlib.contextmanager
     def _lost():
         try:
             yield
+        except RendezvousLost:
+            raise
         except RuntimeError as e:  # DistNetworkError, DistStoreError, "Connection reset by peer"
             raise RendezvousLost(str(e).splitlines()[0]) from None
 
@@ -112,15 +167,15 @@ class Heartbeat:
     stopping its workers (up to a grace period) still looks alive. Stops at the first store error: the
     main loop finds the same error on its own next call."""
 
-    def __init__(self, connect, key: str):
-        """``connect()``: a new client of the store."""
+    def __init__(self, connect: Callable[[], Rendezvous], key: str):
+        """``connect()``: the rendezvous on a new connection."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(connect, key), name="heartbeat", daemon=True)
         self._thread.start()
 
-    def _run(self, connect, key: str) -> None:
+    def _run(self, connect: Callable[[], Rendezvous], key: str) -> None:
         try:
-            rdzv = Rendezvous(connect())
+            rdzv = connect()
             while not self._stop.is_set():
                 rdzv.add(key)
                 self._stop.wait(BEAT_S)

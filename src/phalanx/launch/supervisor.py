@@ -166,7 +166,9 @@ class Supervisor:
             try:
                 if self.rendezvous is not None:
                     beat = Heartbeat(
-                        lambda: join_store(self.rendezvous.addr, self.rendezvous.store.port, STORE_TIMEOUT_S),
+                        lambda: Rendezvous(
+                            join_store(self.rendezvous.addr, self.rendezvous.store.port, STORE_TIMEOUT_S)
+                        ),
                         "coordinator/beat",
                     )
                     result = self._gather_nodes() or self._attempts()
