@@ -5,8 +5,9 @@ nodes of a cluster share theirs.
 
 The agents run in sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which hands
 it to node 0 once (node 0 stops the job on every node); and each dies with this process. Nothing here waits
-without a bound: node 0 frozen makes the other agents leave (they find it lost), and then this process kills
-it, and with it its workers, as a cluster manager would end a job whose head node stopped answering.
+without a bound: the other agents find a frozen node 0 lost and say so (``--on-node0-lost``: a signal to this
+process), and once they have left, this process kills node 0 and with it its workers, as a cluster manager
+ends a job whose head node stopped answering.
 """
 
 from __future__ import annotations
@@ -40,35 +41,31 @@ def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
     """Run the job's agents here; the job's exit code (node 0's, or a survivor's if node 0 died)."""
     count = spec.resources.nodes + spec.resources.spare_nodes
     rdzv = f"{local_addr(0)}:{free_port(local_addr(0))}"
+    # What a cluster manager is told by an agent that found node 0 lost: here, this process, by a signal.
+    node0_lost = f"kill -USR1 {os.getpid()}"
     agents = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "phalanx",
-                "agent",
-                str(job),
-                "--rdzv",
-                rdzv,
-                "--node-rank",
-                str(node),
-                "--addr",
-                local_addr(node),
-                "--runs-dir",
-                str(runs_dir),
+                sys.executable, "-m", "phalanx", "agent", str(job), "--rdzv", rdzv, "--node-rank", str(node),
+                "--addr", local_addr(node), "--runs-dir", str(runs_dir), "--on-node0-lost", node0_lost,
             ],
             start_new_session=True,
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         for node in range(count)
-    ]
+    ]  # fmt: skip
+    reported: list[float] = []  # when an agent said node 0 is lost
 
     def forward(signum: int, _frame: object) -> None:
         agents[0].send_signal(signum)
 
+    def lost(_signum: int, _frame: object) -> None:
+        reported.append(time.monotonic())
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lost)
     try:
-        _wait_for_node0(agents, spec.resilience.node_timeout_s)
+        _wait_for_node0(agents, reported, spec.resilience.node_timeout_s)
         # The others end once they see the job's end or node 0 gone; one still waiting to join, or frozen,
         # would not: stop it.
         _wait_all(agents, spec.resilience.node_timeout_s)
@@ -82,19 +79,14 @@ def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
     return codes[0] if codes[0] >= 0 else max(codes[1:], default=1)
 
 
-def _wait_for_node0(agents: list[subprocess.Popen], timeout_s: float) -> None:
-    """Until node 0's agent exits; or, once every other agent has (they leave a node 0 that is alive only after
-    it said the job ended, so it follows within moments), at most ``timeout_s`` more: node 0 is frozen."""
+def _wait_for_node0(agents: list[subprocess.Popen], reported: list[float], timeout_s: float) -> None:
+    """Until node 0's agent exits; or, once an agent reported node 0 lost, until every other agent has left
+    (each does within ``timeout_s`` of finding it lost; at most twice that is waited): node 0 is frozen, and
+    is killed with what it runs."""
     node0, others = agents[0], agents[1:]
     while node0.poll() is None:
-        if others and all(a.poll() is not None for a in others):
-            _wait_all([node0], timeout_s)
-            if node0.poll() is None:
-                print(
-                    f"[phalanx] node 0's agent (pid {node0.pid}) did not end within {timeout_s:g} s of every "
-                    "other node's: killing it and its workers",
-                    flush=True,
-                )
+        if reported and (all(a.poll() is not None for a in others) or time.monotonic() > reported[0] + 2 * timeout_s):
+            print(f"[phalanx] node 0 was found lost: killing its agent (pid {node0.pid}) and its workers", flush=True)
             return
         time.sleep(POLL_S)
 
