@@ -241,6 +241,137 @@ def test_bad_input_gets_a_4xx_with_a_message(world: World) -> None:
     )
 
 
+def _broken_datasets(root: Path) -> dict[str, Path]:
+    """Dataset directories whose index.json is wrong in each way a hand-edited or foreign file can be."""
+    sha = "0" * 64
+    indexes = {
+        "not JSON": "{format: phalanx",
+        "not an object": "[1, 2]",
+        "fields missing": '{"format": "phalanx-tokens-v1"}',
+        "a shard outside": json.dumps(
+            {"format": "phalanx-tokens-v1", "dtype": "<u2", "vocab_size": 10, "eos_id": 0,
+             "shards": [{"file": "../../../etc/passwd", "tokens": 1, "sha256": sha}]}
+        ),
+        "wrong types": json.dumps(
+            {"format": "phalanx-tokens-v1", "dtype": "float64", "vocab_size": "many", "eos_id": -1, "shards": {}}
+        ),
+    }  # fmt: skip
+    found = {}
+    for i, (what, text) in enumerate(indexes.items()):
+        (root / f"ds{i}").mkdir(parents=True, exist_ok=True)
+        (root / f"ds{i}" / "index.json").write_text(text)
+        found[what] = root / f"ds{i}"
+    return found
+
+
+def _data_spec(path: Path | str) -> str:
+    return f"name: t\ntrain: {{}}\ndata: {{sources: [{{path: '{path}'}}]}}\n"
+
+
+# JSON a client can send that Python's parser takes but a model, or the answer echoing it, cannot.
+HOSTILE_JSON = ["NaN", "-Infinity", "1e400", '"\\ud800"', '"a\\udfff"', "null", "9" * 5000, "[" * 200 + "]" * 200]
+
+
+def test_hostile_bodies_get_a_short_4xx_naming_what_is_wrong(world: World) -> None:
+    from test_responsive import HOSTILE
+
+    member = {"Authorization": f"Bearer {world.tokens['alpha-member']}", "content-type": "application/json"}
+    admin = {**member, "Authorization": f"Bearer {world.tokens['admin']}"}
+    for raw, where in (
+        ('{"spec": "x", "priority": NaN}', "NaN is not a JSON number"),
+        ('{"spec": "x", "priority": 1e400}', "out of range for a number"),
+        ('{"spec": "\\ud800"}', "lone UTF-16 surrogate"),
+        ('{"\\ud800": 1}', "lone UTF-16 surrogate"),
+        ("[" * 10_000 + "]" * 10_000, "nested more than"),
+    ):
+        answer = world.http.post("/api/v1/jobs", headers=member, content=raw)
+        assert answer.status_code == 422 and where in answer.text and len(answer.content) < 1024, answer.text
+    null_quota = world.http.patch("/api/v1/tenants/alpha", headers=admin, content='{"quota_gpus": null}')
+    assert null_quota.status_code == 422 and null_quota.json()["detail"][0]["loc"] == ["body", "quota_gpus"]
+    echoed = world.http.post("/api/v1/jobs", headers=member, json={"spec": "x", "priority": "p" * 500_000})
+    assert echoed.status_code == 422 and len(echoed.content) < 1024  # the input echoed, cut to an excerpt
+    for name, spec in HOSTILE.items():
+        answer = world.http.post("/api/v1/jobs", headers=member, json={"spec": spec, "workdir": str(world.tmp)})
+        assert answer.status_code == 422 and len(answer.content) < 4096, (name, answer.status_code, len(answer.content))
+    for what, path in _broken_datasets(world.tmp / "broken").items():
+        answer = world.http.post("/api/v1/jobs", headers=member, json={"spec": _data_spec(path)})
+        assert answer.status_code == 422, (what, answer.text)
+        (issue,) = answer.json()["detail"]
+        assert issue["loc"] == ["body", "spec", "data", "sources", "0", "path"] and "index.json" in issue["msg"], what
+
+
+def test_each_tenant_names_its_own_users(world: World) -> None:
+    """beta's tenant-admin creates a user with the name of one of alpha's: created, not a 409 that would
+    confirm alpha has it; each tenant sees its own. An admin naming it must say which tenant's."""
+    made = world.call("beta-tenant-admin", "POST", "/users", json={"name": "alpha-viewer", "role": "viewer"})
+    assert made == {**made, "name": "alpha-viewer", "tenant": "beta"}
+    again = world.http.post(
+        "/api/v1/users",
+        headers={"Authorization": f"Bearer {world.tokens['beta-tenant-admin']}"},
+        json={"name": "alpha-viewer", "role": "viewer"},
+    )
+    assert again.status_code == 409 and "in tenant beta" in again.text  # its own tenant's: that it may know
+    assert "alpha-viewer" in {u["name"] for u in world.call("alpha-tenant-admin", "GET", "/users", expect=200)}
+    ambiguous = world.http.post(
+        "/api/v1/tokens", headers={"Authorization": f"Bearer {world.admin}"}, json={"user": "alpha-viewer"}
+    )
+    assert ambiguous.status_code == 422 and "tenants alpha, beta: name its tenant" in ambiguous.text
+    token = world.call("admin", "POST", "/tokens", json={"user": "alpha-viewer", "tenant": "beta"}, expect=201)
+    world.http.headers["Authorization"] = f"Bearer {token['token']}"
+    try:
+        assert world.http.get("/api/v1/whoami").json()["tenant"] == "beta"
+        assert world.http.get(f"/api/v1/jobs/{world.jobs['alpha']}").status_code == 404
+    finally:
+        world.http.headers.pop("Authorization")
+
+
+def test_no_token_lives_longer_than_the_server_allows(world: World) -> None:
+    """Every role, admins too: a token asks for at most the server's maximum lifetime, and never for none."""
+    for who in ("admin", "alpha-tenant-admin", "alpha-member"):
+        for expires in (366 * 86400, None):
+            answer = world.http.post(
+                "/api/v1/tokens",
+                headers={"Authorization": f"Bearer {world.tokens[who]}"},
+                json={"name": "forever", "expires_in_s": expires},
+            )
+            assert answer.status_code == 422 and "expires_in_s" in answer.text, (who, expires, answer.text)
+    made = world.call("alpha-member", "POST", "/tokens", json={"name": "year", "expires_in_s": 365 * 86400})
+    assert made["expires_at"] - made["created_at"] == pytest.approx(365 * 86400)
+
+
+def test_fuzz_hostile_values_anywhere_in_a_body(tmp_path: Path) -> None:
+    """Every body a client can send (POST and PATCH), with one of its values, or the spec, replaced by hostile
+    input: non-finite numbers, lone surrogates, nulls, deep nesting, huge numbers; specs with alias bombs,
+    over-long path components and broken dataset indexes. As the admin (the deepest reach): never a 5xx,
+    never an answer over 8 KiB, never beta's things."""
+    from test_responsive import HOSTILE
+
+    w = World(tmp_path)
+    broken = _broken_datasets(tmp_path / "broken")
+    specs = [*HOSTILE.values(), *(_data_spec(p) for p in broken.values()), _data_spec("d" * 256)]
+    bodies = [
+        (method, path, body)
+        for (method, _), (path, kwargs) in _requests(w, "alpha").items()
+        if (body := kwargs.get("json")) is not None
+    ]
+    headers = {"Authorization": f"Bearer {w.tokens['admin']}", "content-type": "application/json"}
+
+    @given(st.sampled_from(bodies), st.data())
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def fuzz(request, data) -> None:
+        method, path, body = request
+        key = data.draw(st.sampled_from(sorted(body)), label="key")
+        if key == "spec" and data.draw(st.booleans(), label="a hostile spec"):
+            raw = json.dumps({**body, key: data.draw(st.sampled_from(specs), label="spec")})
+        else:
+            raw = json.dumps({**body, key: "@@"}).replace('"@@"', data.draw(st.sampled_from(HOSTILE_JSON)))
+        answer = w.http.request(method, _url(path), headers=headers, content=raw)
+        assert answer.status_code < 500 and len(answer.content) < 8192, (method, path, raw[:200], answer.text[:500])
+        assert not _leaks(answer, w, "beta"), (method, path, answer.text)
+
+    fuzz()
+
+
 def test_fuzz_finds_no_500_and_no_leak(tmp_path: Path) -> None:
     """Requests generated from the OpenAPI schema, valid and not, some aimed at beta's job, tenant and token,
     as alpha's tenant-admin (the most a tenant's token can do): never a 5xx, and nothing of beta in any

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from phalanx.control.server import auth, lifecycle
 from phalanx.control.server.lifecycle import S, Submission
 from phalanx.control.store import (
+    Ambiguous,
     Base,
     Execution,
     Identity,
@@ -24,7 +25,11 @@ from phalanx.control.store import (
     Tenant,
     Transition,
     User,
+    connect,
+    migrate,
     open_store,
+    user_key,
+    user_name,
 )
 from phalanx.control.store.access import Forbidden
 
@@ -41,7 +46,7 @@ def _world(store) -> dict[str, Identity]:
             s.flush()
             for role in (Role.TENANT_ADMIN, Role.MEMBER, Role.VIEWER):
                 name = f"{tenant}-{role}"
-                s.add(User(name=name, tenant=tenant, role=role, created_at=0.0))
+                s.add(User(name=user_key(tenant, name), tenant=tenant, role=role, created_at=0.0))
                 who[name] = Identity(name, tenant, role, "-")
     return who
 
@@ -59,6 +64,51 @@ def test_migrations_give_the_models_schema(database_url: str) -> None:
     open_store(database_url)  # migrating again is a no-op
 
 
+def test_migration_0002_names_users_per_tenant_and_keeps_their_tokens_and_jobs(database_url: str) -> None:
+    """A database of the first schema, with a tenant's user, its token and its job, upgraded: the user is keyed
+    <tenant>/<name>, and its token and job follow it."""
+    engine = connect(database_url)
+    migrate(engine, "0001")
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO tenants VALUES ('a', 4, NULL, NULL, 0)"))
+        c.execute(text("INSERT INTO users VALUES ('root', NULL, 'admin', 0), ('alice', 'a', 'member', 0)"))
+        c.execute(
+            text("INSERT INTO tokens VALUES ('0123456789ab', 'alice', 'ci', :sha, 0, NULL, NULL)"),
+            {"sha": auth.digest("s" * 43)},
+        )
+        c.execute(
+            text(
+                "INSERT INTO jobs (id, tenant, owner, name, spec, workdir, priority, workers, gpus, state, reason, "
+                "submitted_at, queued_at, attempt, cancel_requested, preemptions, preempted_by) VALUES ('j', 'a', "
+                "'alice', 't', '', '/', 0, 1, 1, 'PENDING', '', 0, 0, 0, false, 0, '[]')"
+            )
+        )
+    store = open_store(database_url)
+    with store.write() as s:
+        assert sorted(u.name for u in s.scalars(select(User))) == ["a/alice", "root"]
+        assert s.scalar(select(Job.owner)) == "a/alice"
+        who = auth.authenticate(s, "Bearer phx_0123456789ab_" + "s" * 43, now=1.0)
+        assert (who.user, who.tenant, who.key) == ("alice", "a", "a/alice")
+        assert [j.id for j in Scope(s, who).jobs(owner="alice")] == ["j"]
+    engine.dispose()
+
+
+def test_each_tenant_names_its_users_and_learns_nothing_of_another_tenants(database_url: str) -> None:
+    store = open_store(database_url)
+    who = _world(store)
+    with store.write() as s:  # b's tenant-admin makes a user named as one of a's: no conflict, nothing confirmed
+        s.add(User(name=user_key("b", "a-member"), tenant="b", role=Role.MEMBER, created_at=0.0))
+    with store.write() as s:
+        assert Scope(s, who["a-tenant-admin"]).user("a-member").tenant == "a"
+        assert Scope(s, who["b-tenant-admin"]).user("a-member").tenant == "b"
+        with pytest.raises(NotFound):
+            Scope(s, who["b-tenant-admin"]).user("a-viewer")
+        admin = Scope(s, who["admin"])
+        with pytest.raises(Ambiguous, match="tenants a, b: name its tenant"):
+            admin.user("a-member")
+        assert admin.user("a-member", "b").name == "b/a-member" and admin.user("a-viewer").tenant == "a"
+
+
 def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
     store = open_store(database_url)
     who = _world(store)
@@ -73,7 +123,7 @@ def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
             assert [j.id for j in scope.jobs()] == [a_job]
             assert [job_id for _, job_id in scope.executions()] == [a_job]
             assert [t.name for t in scope.tenants()] == ["a"]
-            assert {u.name for u in scope.users()} == {"a-tenant-admin", "a-member", "a-viewer"}
+            assert {user_name(u.name) for u in scope.users()} == {"a-tenant-admin", "a-member", "a-viewer"}
             others = ((scope.job, b_job), (scope.tenant, "b"), (scope.user, "b-member"), (scope.user, "admin"))
             for lookup, key in others:
                 with pytest.raises(NotFound):
@@ -116,7 +166,7 @@ def test_tokens_are_kept_as_hashes_and_expire_and_revoke(database_url: str) -> N
     store = open_store(database_url)
     _world(store)
     with store.write() as s:
-        user = s.get(User, "a-member")
+        user = s.get(User, "a/a-member")
         row, token = auth.issue(s, user, "ci", now=100.0, expires_at=200.0)
         token_id = row.id
     secret = token.split("_", 2)[2]

@@ -113,10 +113,16 @@ class Client:
         return self._call("GET", "/tokens")
 
     def create_token(
-        self, name: str = "default", user: str | None = None, expires_in_s: float | None = 90 * 86400
+        self,
+        name: str = "default",
+        user: str | None = None,
+        expires_in_s: float = 90 * 86400,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
-        """A new token; its ``token`` field is shown this once."""
-        return self._call("POST", "/tokens", json={"name": name, "user": user, "expires_in_s": expires_in_s})
+        """A new token; its ``token`` field is shown this once. ``tenant``: the user's, for an admin naming a user
+        two tenants have."""
+        body = {"name": name, "user": user, "tenant": tenant, "expires_in_s": expires_in_s}
+        return self._call("POST", "/tokens", json=body)
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/tokens/{token_id}")

@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
         slurm_partition: str | None = typer.Option(
             None, help="the slurm executor's partition: its nodes are the capacity, and jobs go there"
         ),
+        max_token_days: float = typer.Option(
+            365.0, "--max-token-days", min=0.001, help="the longest any token may live, whoever makes it"
+        ),
     ) -> None:
         """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
         import logging
@@ -95,7 +98,15 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         settings = Settings(
-            data_dir, database, host, port, slots, admin_token_file, executor=executor, slurm_partition=slurm_partition
+            data_dir,
+            database,
+            host,
+            port,
+            slots,
+            admin_token_file,
+            executor=executor,
+            slurm_partition=slurm_partition,
+            max_token_s=max_token_days * 86400,
         )
         try:
             serve(settings)
@@ -224,11 +235,13 @@ def register(app: typer.Typer) -> None:
     def tokens_create(
         name: str = typer.Option("default"),
         user: str | None = typer.Option(None, help="whose (default: yours; others': tenant-admins and admins)"),
-        expires_in_days: float | None = typer.Option(90.0, "--expires-in-days", help="0: never"),
+        tenant: str | None = typer.Option(None, help="the user's tenant (an admin's, when two tenants have the name)"),
+        expires_in_days: float = typer.Option(
+            90.0, "--expires-in-days", min=0.001, help="at most the server's --max-token-days"
+        ),
     ) -> None:
         """Create a token and print it: this is the only time it is shown."""
-        expires = expires_in_days * 86400 if expires_in_days else None
-        created = _call(_client().create_token, name, user, expires)
+        created = _call(_client().create_token, name, user, expires_in_days * 86400, tenant)
         err.print(f"token {created['id']} for {created['user']}, expires {_when(created['expires_at'])}:")
         out.print(created["token"], highlight=False)
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
 
 from phalanx.storage import file_digest
 
@@ -44,18 +45,53 @@ class Shard:
     sha256: str
 
 
+class _ShardEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file: Annotated[str, Field(pattern=r"^[^/\x00]{1,255}$")]  # a file of the dataset's own directory
+    tokens: NonNegativeInt
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Index(BaseModel):
+    """What a reader relies on in index.json (prepare writes more: sources, documents, the tokenizer)."""
+
+    model_config = ConfigDict(extra="allow")
+    format: Literal[FORMAT]
+    dtype: Literal["<u2", "<u4"]
+    vocab_size: PositiveInt
+    eos_id: NonNegativeInt
+    shards: list[_ShardEntry]
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """index.json, checked: a DatasetError naming the file and the first fields that are wrong, never a
+    KeyError or a traceback from a hand-edited or foreign file."""
+    try:
+        data = json.loads(path.read_bytes())
+        _Index.model_validate(data)
+    except (OSError, ValueError) as e:
+        if isinstance(e, ValidationError):
+            wrong = [".".join(map(str, err["loc"])) + ": " + err["msg"] for err in e.errors()[:3]]
+            raise DatasetError(f"{path}: not a phalanx dataset index ({'; '.join(wrong)})") from None
+        why = e.strerror if isinstance(e, OSError) else f"not JSON ({e})"
+        raise DatasetError(f"{path}: cannot be read: {why}") from None
+    return data
+
+
 class TokenDataset:
     def __init__(self, root: str | Path, verify: Literal["full", "size"] = "full"):
         self.root = Path(root)
         index_path = self.root / INDEX
-        if not index_path.is_file():
+        try:
+            found = index_path.is_file()
+        except OSError as e:  # a name too long, say: is_file() raises what it cannot ask the filesystem
+            raise DatasetError(f"{self.root}: not a usable path ({e.strerror})") from None
+        if not found:
             raise DatasetError(
                 f"{index_path}: not found; {self.root} is not a prepared dataset, or its "
                 "`phalanx data prepare` did not finish (run it again to resume)"
             )
-        index: dict[str, Any] = json.loads(index_path.read_text())
-        if index.get("format") != FORMAT:
-            raise DatasetError(f"{index_path}: format {index.get('format')!r}, expected {FORMAT!r}")
+        index = read_index(index_path)
         self.index = index
         self.dtype = np.dtype(index["dtype"])
         self.vocab_size: int = index["vocab_size"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -15,6 +16,21 @@ from phalanx.spec.model import JobSpec
 # which the server feels on every submission.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+MAX_SPEC_CHARS = 256 * 1024  # a spec is a page of YAML; this leaves room for long env and command lists
+# Values in the document once YAML aliases are expanded. An alias is a reference, cheap to parse, but a
+# validator walks the document as a tree: 7 levels of 9 aliases are 4.8 million values from 468 bytes.
+MAX_VALUES = 100_000
+EXCERPT_CHARS = 80  # of a value shown back in an error message
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters: what an error message shows of a value it was given,
+    bounded whatever the value is (and ASCII-safe: repr escapes lone surrogates)."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother = 3, limit, limit
+    shown = short.repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -46,13 +62,39 @@ def load_spec(path: str | Path) -> JobSpec:
 
 
 def parse_spec(text: str, source: str = "<string>") -> JobSpec:
+    if len(text) > MAX_SPEC_CHARS:
+        raise SpecError(source, [SpecIssue("", f"{len(text):,} characters; a spec has at most {MAX_SPEC_CHARS:,}")])
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise SpecError(source, [SpecIssue("", f"not valid YAML: {e}")]) from e
+    except (ValueError, RecursionError) as e:  # a scalar YAML cannot convert: an integer of 5,000 digits, say
+        raise SpecError(source, [SpecIssue("", f"not valid YAML: {str(e)[:200]}")]) from None
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", f"expected a mapping of fields at the top, got {type(data).__name__}")])
+    if _values_over(data, MAX_VALUES):
+        raise SpecError(
+            source,
+            [SpecIssue("", f"more than {MAX_VALUES:,} values once YAML aliases (*name) are expanded; write them out")],
+        )
     return validate_spec(data, source)
+
+
+def _values_over(data: Any, limit: int) -> bool:
+    """Whether ``data``, walked as a tree (an alias counted each time it is used), has over ``limit`` values;
+    the walk stops at the limit, so it costs at most ``limit`` steps whatever the aliases expand to."""
+    todo, seen = [data], 0
+    while todo:
+        value = todo.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            todo += value.keys()
+            todo += value.values()
+        elif isinstance(value, list | tuple | set):
+            todo += value
+    return False
 
 
 def validate_spec(data: dict[str, Any], source: str = "<dict>") -> JobSpec:
@@ -79,7 +121,7 @@ def _issues(err: dict[str, Any]) -> list[SpecIssue]:
         return [SpecIssue(path, f"unknown key; valid keys here are: {', '.join(valid)}")]
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] != "missing":
-        message = f"{message} (got {err['input']!r})"
+        message = f"{message} (got {excerpt(err['input'])})"
     return [SpecIssue(path, message)]
 
 

@@ -2,10 +2,13 @@
 the caller's ``Scope``: the store as that caller may see it (store/access.py), so tenant isolation is not up to
 each route. Every error is a 4xx with a message naming what was wrong; a 500 is a bug.
 
-Routes that only touch the database are ``async def`` and open their transaction inside (``server.scope``),
+Routes that only read the database are ``async def`` and open their transaction inside (``server.scope``),
 with no ``await`` while it is open: a thread hop costs more than the queries of a request (a route with a
-sync dependency runs about 1,000 requests/s here, an async one 5,000), and the SQLite write lock is never held
-across an ``await``. Routes that read run directories (logs, metrics, goodput) run in the thread pool."""
+sync dependency runs about 1,000 requests/s here, an async one 5,000), and reads never wait for a writer
+(SQLite in WAL mode, PostgreSQL's MVCC). Routes that write run in the thread pool: they may wait for the
+store's write lock, and a submission parses its spec and checks its files (launch/preflight.py); neither may
+hold up the event loop, which answers everyone. So do routes that read run directories (a job's progress,
+logs, metrics): an async route touches nothing but the database."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
@@ -27,7 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from phalanx.control.server import auth, dashboard, lifecycle, metrics, views
+from phalanx.control.server import auth, dashboard, inputs, lifecycle, metrics, views
 from phalanx.control.server.lifecycle import ACTIVE, Conflict, S
 from phalanx.control.server.models import (
     JobEvents,
@@ -46,7 +50,7 @@ from phalanx.control.server.models import (
     UserIn,
     UserOut,
 )
-from phalanx.control.store import Forbidden, Job, NotFound, Role, Scope, Store, Tenant, User
+from phalanx.control.store import Ambiguous, Forbidden, Job, NotFound, Role, Scope, Store, Tenant, User, user_key
 from phalanx.spec import SpecError
 
 log = logging.getLogger("phalanx.server")
@@ -68,11 +72,23 @@ async def _authorization(
 Token = Annotated[str | None, Depends(_authorization)]
 
 
-class Server:
-    """What the routes need: the store, where jobs' files go, the cluster's size, and a way to wake the loop."""
+MAX_TOKEN_S = 365 * 86400  # the longest a token may live, whoever makes it (phalanx server --max-token-days)
 
-    def __init__(self, store: Store, jobs_dir: Path, capacity: int, wake: Callable[[], None]):
+
+class Server:
+    """What the routes need: the store, where jobs' files go, the cluster's size, a way to wake the loop, and
+    the longest a token may live."""
+
+    def __init__(
+        self,
+        store: Store,
+        jobs_dir: Path,
+        capacity: int,
+        wake: Callable[[], None],
+        max_token_s: float = MAX_TOKEN_S,
+    ):
         self.store, self.jobs_dir, self.capacity, self.wake = store, jobs_dir, capacity, wake
+        self.max_token_s = max_token_s
 
     @contextlib.contextmanager
     def scope(self, authorization: str | None, write: bool = False) -> Iterator[Scope]:
@@ -89,6 +105,7 @@ def create_app(server: Server) -> FastAPI:
         description="Submit, schedule, run and track training jobs for many tenants.",
         max_body_size=MAX_BODY,
     )
+    app.router.route_class = inputs.StrictJSONRoute
     _errors(app)
 
     @app.get("/api/v1/whoami", tags=["auth"])
@@ -104,7 +121,7 @@ def create_app(server: Server) -> FastAPI:
             return [TenantOut.model_validate(t) for t in caller.tenants()]
 
     @app.post("/api/v1/tenants", status_code=201, tags=["tenants"])
-    async def create_tenant(body: TenantIn, token: Token) -> TenantOut:
+    def create_tenant(body: TenantIn, token: Token) -> TenantOut:
         with server.scope(token, write=True) as caller:
             caller.require_admin("creating a tenant")
             if caller.session.get(Tenant, body.name) is not None:
@@ -122,7 +139,7 @@ def create_app(server: Server) -> FastAPI:
             return TenantOut.model_validate(caller.tenant(name))
 
     @app.patch("/api/v1/tenants/{name}", tags=["tenants"])
-    async def update_tenant(name: str, body: TenantPatch, token: Token) -> TenantOut:
+    def update_tenant(name: str, body: TenantPatch, token: Token) -> TenantOut:
         with server.scope(token, write=True) as caller:
             tenant = caller.tenant(name)
             caller.require_admin(f"changing tenant {name}'s quota")
@@ -139,7 +156,7 @@ def create_app(server: Server) -> FastAPI:
             return [UserOut.model_validate(u) for u in caller.users()]
 
     @app.post("/api/v1/users", status_code=201, tags=["auth"])
-    async def create_user(body: UserIn, token: Token) -> UserOut:
+    def create_user(body: UserIn, token: Token) -> UserOut:
         with server.scope(token, write=True) as caller:
             if body.role is Role.ADMIN:
                 caller.require_admin("creating an admin")
@@ -151,9 +168,9 @@ def create_app(server: Server) -> FastAPI:
                     raise lifecycle.Invalid("tenant: name the new user's tenant (an admin belongs to none)")
                 tenant = caller.tenant(body.tenant or caller.who.tenant).name
             caller.require(Role.TENANT_ADMIN, action="creating a user")
-            if caller.session.get(User, body.name) is not None:
-                raise Conflict(f"user {body.name!r} already exists")
-            user = User(name=body.name, tenant=tenant, role=body.role, created_at=time.time())
+            if caller.session.get(User, user_key(tenant, body.name)) is not None:  # of this tenant (or an admin)
+                raise Conflict(f"user {body.name!r} already exists" + (f" in tenant {tenant}" if tenant else ""))
+            user = User(name=user_key(tenant, body.name), tenant=tenant, role=body.role, created_at=time.time())
             caller.session.add(user)
             caller.session.flush()
             return UserOut.model_validate(user)
@@ -164,28 +181,32 @@ def create_app(server: Server) -> FastAPI:
             return [TokenOut.model_validate(t) for t in caller.tokens()]
 
     @app.post("/api/v1/tokens", status_code=201, tags=["auth"])
-    async def create_token(body: TokenIn, token: Token) -> TokenCreated:
+    def create_token(body: TokenIn, token: Token) -> TokenCreated:
         with server.scope(token, write=True) as caller:
-            user = caller.user(body.user or caller.who.user)
+            user = caller.user(body.user, body.tenant) if body.user else caller.user_by_key(caller.who.key)
             caller.may_manage(user)
+            if body.expires_in_s > server.max_token_s:
+                raise lifecycle.Invalid(
+                    f"expires_in_s: {body.expires_in_s:g} s is longer than this server lets a token live, "
+                    f"{server.max_token_s:g} s ({server.max_token_s / 86400:g} days, --max-token-days)"
+                )
             now = time.time()
-            expires = now + body.expires_in_s if body.expires_in_s is not None else None
-            row, issued = auth.issue(caller.session, user, body.name, now, expires)
+            row, issued = auth.issue(caller.session, user, body.name, now, now + body.expires_in_s)
             caller.session.flush()
             return TokenCreated(**TokenOut.model_validate(row).model_dump(), token=issued)
 
     @app.delete("/api/v1/tokens/{token_id}", tags=["auth"])
-    async def revoke_token(token_id: str, token: Token) -> TokenOut:
+    def revoke_token(token_id: str, token: Token) -> TokenOut:
         with server.scope(token, write=True) as caller:
             token = caller.token(token_id)
-            caller.may_manage(caller.user(token.user))
+            caller.may_manage(caller.user_by_key(token.user))
             if token.revoked_at is None:
                 token.revoked_at = time.time()
             return TokenOut.model_validate(token)
 
     # --- jobs
     @app.post("/api/v1/jobs", status_code=201, tags=["jobs"])
-    async def submit_job(body: SubmitIn, token: Token) -> JobOut:
+    def submit_job(body: SubmitIn, token: Token) -> JobOut:
         with server.scope(token, write=True) as caller:
             submission = lifecycle.Submission(body.spec, body.priority, body.tenant, body.workdir or os.getcwd())
             job = lifecycle.submit(caller, submission, server.jobs_dir, server.capacity, time.time())
@@ -194,7 +215,7 @@ def create_app(server: Server) -> FastAPI:
         return queued
 
     @app.get("/api/v1/jobs", tags=["jobs"])
-    async def list_jobs(
+    def list_jobs(
         token: Token,
         state: Annotated[list[S] | None, Query(description="only jobs in these states")] = None,
         tenant: Annotated[str | None, Query(max_length=63)] = None,
@@ -207,12 +228,12 @@ def create_app(server: Server) -> FastAPI:
             return [_job_out(caller, job, detail=job.state in ACTIVE) for job in jobs]
 
     @app.get("/api/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: str, token: Token) -> JobOut:
+    def get_job(job_id: str, token: Token) -> JobOut:
         with server.scope(token) as caller:
             return _job_out(caller, caller.job(job_id), detail=True)
 
     @app.post("/api/v1/jobs/{job_id}/cancel", tags=["jobs"])
-    async def cancel_job(job_id: str, token: Token) -> JobOut:
+    def cancel_job(job_id: str, token: Token) -> JobOut:
         with server.scope(token, write=True) as caller:
             job = caller.job(job_id, for_update=True)
             lifecycle.cancel(caller, job, time.time())
@@ -375,11 +396,13 @@ def _errors(app: FastAPI) -> None:
     def reply(status: int) -> Callable[[Request, Exception], JSONResponse]:
         return lambda _request, e: JSONResponse({"detail": str(e)}, status_code=status)
 
+    app.add_exception_handler(RequestValidationError, inputs.validation_failed)
     app.add_exception_handler(auth.Unauthenticated, reply(401))
     app.add_exception_handler(Forbidden, reply(403))
     app.add_exception_handler(NotFound, reply(404))
     app.add_exception_handler(Conflict, reply(409))
     app.add_exception_handler(lifecycle.Invalid, reply(422))
+    app.add_exception_handler(Ambiguous, reply(422))
     app.add_exception_handler(
         IntegrityError, lambda _r, _e: JSONResponse({"detail": "conflicts with an existing record"}, status_code=409)
     )

@@ -12,7 +12,7 @@ import secrets
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from phalanx.control.store import Identity, Role, Token, User
+from phalanx.control.store import Identity, Role, Token, User, user_name
 
 _FORMAT = re.compile(r"phx_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _DUMMY = hashlib.sha256(b"no such token").hexdigest()
@@ -57,4 +57,4 @@ def authenticate(session: Session, authorization: str | None, now: float) -> Ide
     valid = hmac.compare_digest(digest(match.group(2) if match else ""), expected)
     if not valid or row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
         raise Unauthenticated("missing, invalid, expired or revoked token; send Authorization: Bearer phx_...")
-    return Identity(row.name, row.tenant, Role(row.role), match.group(1))
+    return Identity(user_name(row.name), row.tenant, Role(row.role), match.group(1))

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from phalanx.control.server import views
 from phalanx.control.server.lifecycle import ACTIVE, FINAL, S
-from phalanx.control.store import Execution, Job, Scope
+from phalanx.control.store import Execution, Job, Scope, user_name
 from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
@@ -37,7 +37,7 @@ def job_row(caller: Scope, job: Job) -> dict[str, Any]:
         "id": job.id,
         "name": job.name,
         "tenant": job.tenant,
-        "owner": job.owner,
+        "owner": user_name(job.owner),
         "state": job.state,
         "reason": job.reason,
         "priority": job.priority,

@@ -97,7 +97,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
     job = Job(
         id=job_id,
         tenant=tenant.name,
-        owner=who.user,
+        owner=who.key,
         name=spec.name,
         spec=dump_spec(spec),
         workdir=sub.workdir,

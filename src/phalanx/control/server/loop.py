@@ -1,7 +1,10 @@
 """The control loop: read the store, ask the scheduling core for a round, commit its decisions in one
-transaction, then act on the executor. Executor actions are keyed by (job, attempt), so whatever a crash
-interrupts is repaired by the next loop: an admitted job is started (or found started), a running job's
-end is noticed from what its run directory says, a stop that was asked for is delivered once."""
+transaction, then act on the executor. No transaction or lock is held while the executor acts or while a
+run directory is read (on Slurm, an action is a subprocess that may take a minute): each step reads what it
+needs in a short transaction, acts with none open, then records what happened in another, checking that the
+job is still where it was. Executor actions are keyed by (job, attempt), so whatever a crash interrupts is
+repaired by the next loop: an admitted job is started (or found started), a running job's end is noticed
+from what its run directory says, a stop that was asked for is delivered once."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import bindparam, func, select, update
@@ -85,29 +89,55 @@ class Controller:
 
     def tick(self) -> None:
         now = self.clock()
-        with self.store.write() as s:
-            self._reconcile(s, now)
+        self._reconcile(now)
         self._schedule(now)
         self._start_admitted()
         self._deliver_stops()
 
     # --- 1: what the executor says about running jobs
-    def _reconcile(self, s: Session, now: float) -> None:
-        for job in s.scalars(select(Job).where(Job.state == S.RUNNING)):
-            status = self.executor.status(job.handle)
-            execution = _execution(s, job)
-            if status.run_dir is not None:
-                execution.run_dir = str(status.run_dir)
-            if status.phase is not Phase.RUNNING:
-                self._ended(s, job, execution, status, now)
-            elif status.reason and not (job.cancel_requested or job.evicting_for) and job.reason != status.reason:
-                # what the cluster says of it: pending in its queue, running where, requeued
-                job.reason = status.reason
+    def _reconcile(self, now: float) -> None:
+        """Ask the executor about each running job, and read what an ended one left, with no transaction open;
+        then record it all in one short one."""
+        with self.store.read() as s:
+            running = s.scalars(select(Job).where(Job.state == S.RUNNING)).all()
+        seen = []
+        for job in running:
+            try:
+                seen.append((job, self._observe(job)))
+            except Exception:  # one job's executor trouble must not stop the others being seen
+                log.exception("could not ask the %s executor about job %s", self.executor.name, job.id)
+        if not seen:
+            return
+        with self.store.write() as s:
+            for before, seen_now in seen:
+                job = s.scalar(
+                    select(Job).where(Job.id == before.id, Job.state == S.RUNNING, Job.attempt == before.attempt)
+                )
+                if job is None:
+                    continue
+                status = seen_now.status
+                execution = _execution(s, job)
+                if status.run_dir is not None:
+                    execution.run_dir = str(status.run_dir)
+                if status.phase is not Phase.RUNNING:
+                    self._ended(s, job, execution, seen_now, now)
+                elif status.reason and not (job.cancel_requested or job.evicting_for) and job.reason != status.reason:
+                    # what the cluster says of it: pending in its queue, running where, requeued
+                    job.reason = status.reason
 
-    def _ended(self, s: Session, job: Job, execution: Execution, status: Status, now: float) -> None:
-        execution.ended_at, execution.outcome = now, status.outcome or "lost"
+    def _observe(self, job: Job) -> Observed:
+        status = self.executor.status(job.handle)
+        if status.phase is Phase.RUNNING:
+            return Observed(status)
+        productive_s = None
         if status.run_dir is not None and (status.run_dir / "events.jsonl").is_file():
-            execution.productive_s = ledger(RunDir(status.run_dir)).seconds["productive"]
+            productive_s = ledger(RunDir(status.run_dir)).seconds["productive"]
+        return Observed(status, productive_s, _newest_checkpoint(job))
+
+    def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> None:
+        status = seen.status
+        execution.ended_at, execution.outcome = now, status.outcome or "lost"
+        execution.productive_s = seen.productive_s
         job.handle, job.placement = None, None
         if status.phase is Phase.EXITED and status.outcome == "succeeded":
             move(s, job, S.SUCCEEDED, status.reason, now)
@@ -116,7 +146,7 @@ class Controller:
         elif job.cancel_requested:
             move(s, job, S.CANCELLED, f"cancelled: {status.reason or 'its process is gone'}", now)
         elif status.phase is Phase.EXITED:  # stopped by a signal: asked to make room, or from outside
-            step = _checkpoint_step(job)
+            step = seen.checkpoint_step
             resume = f"it resumes from the checkpoint of step {step}" if step is not None else "no checkpoint yet"
             if job.evicting_for is not None:
                 move(s, job, S.PREEMPTED, f"{job.reason}; stopped with its checkpoint committed ({resume})", now)
@@ -141,10 +171,11 @@ class Controller:
         """Decide on a snapshot, outside the write lock (a round over a long queue takes a while and submissions
         go on meanwhile), then apply what still holds: only this loop admits and preempts, so the capacity
         it counted can only have grown; a job cancelled since the snapshot is left alone."""
+        cluster = core.Cluster(self.executor.capacity())  # on Slurm, sinfo (cached): asked with no transaction open
         with self.store.read() as s:
             active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
             pending = s.execute(select(*_QUEUED).where(Job.state == S.PENDING).order_by(Job.seq)).all()
-            state = self._state(s, active, pending, now)
+            state = self._state(s, cluster, active, pending, now)
         decided = self.policy.schedule(state, now)
         admitted = {a.job for a in decided.admit}
         reasons = {}
@@ -178,10 +209,9 @@ class Controller:
                     [{"key": seq, "reason": text} for seq, text in reasons.items()],
                 )
 
-    def _state(self, s: Session, active, pending, now: float) -> core.State:
+    def _state(self, s: Session, cluster: core.Cluster, active, pending, now: float) -> core.State:
         """The scheduler's view of the store: the cluster, the tenants, the running jobs where they run, the
         queue, fair-share usage, and the jobs that take the room made for them first."""
-        cluster = core.Cluster(self.executor.capacity())
         tenants = [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in s.scalars(select(Tenant))]
         state = core.State(cluster, tenants, core.Queue(self.policy.key), self.half_life_s)
         predictor = self._predictor(s)
@@ -228,44 +258,61 @@ class Controller:
 
     # --- 3: acting on the executor
     def _start_admitted(self) -> None:
+        """Start each admitted job on the executor with no transaction open (sbatch may take a minute), then
+        record its handle. A crash in between is repaired by the next start of the server: the job is still
+        admitted, and starting its (job, attempt) again finds the execution already started."""
         with self.store.read() as s:
-            ids = s.scalars(select(Job.id).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
-        for job_id in ids:
+            admitted = s.scalars(select(Job).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
+        for job in admitted:
+            spec = parse_spec(job.spec, source=f"job {job.id}")
+            launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, spec.resources.nodes)
+            try:
+                handle, error = self.executor.start(launch), None
+            except Exception as e:
+                handle, error = None, e
+            now = self.clock()
             with self.store.write() as s:
-                job = s.scalar(select(Job).where(Job.id == job_id, Job.state == S.ADMITTED))
-                if job is None:
+                row = s.scalar(select(Job).where(Job.id == job.id, Job.state == S.ADMITTED, Job.attempt == job.attempt))
+                if row is None:  # only this loop moves an admitted job on
                     continue
-                now = self.clock()
-                spec = parse_spec(job.spec, source=f"job {job.id}")
-                launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, spec.resources.nodes)
-                try:
-                    job.handle = self.executor.start(launch)
-                except Exception as e:
-                    move(s, job, S.FAILED, f"the {self.executor.name} executor could not start it: {e}", now)
+                if error is not None:
+                    move(s, row, S.FAILED, f"the {self.executor.name} executor could not start it: {error}", now)
                     continue
-                s.add(Execution(job=job.seq, tenant=job.tenant, attempt=job.attempt, gpus=job.gpus, started_at=now))
-                move(s, job, S.RUNNING, f"started on {self.executor.name} (execution {job.attempt})", now)
+                row.handle = handle
+                s.add(Execution(job=row.seq, tenant=row.tenant, attempt=row.attempt, gpus=row.gpus, started_at=now))
+                move(s, row, S.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)
 
     def _deliver_stops(self) -> None:
         """SIGTERM (checkpoint, then stop) to each running job asked to make room or to be cancelled, once:
         a second SIGTERM would make its supervisor kill the workers before the checkpoint commits."""
         with self.store.read() as s:
-            stopping = s.scalars(
-                select(Job).where(
-                    Job.state == S.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)
+            stopping = [
+                (job, _execution(s, job).run_dir)
+                for job in s.scalars(
+                    select(Job).where(
+                        Job.state == S.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)
+                    )
                 )
-            ).all()
-            for job in stopping:
-                key = (job.id, job.attempt)
-                if key in self._signalled:
-                    continue
-                self._signalled.add(key)
-                if _signal_received(_execution(s, job)):  # delivered before a restart of the server
-                    continue
-                if job.cancel_requested:
-                    self.executor.cancel(job.handle)  # on Slurm, scancel: the job ends CANCELLED there too
-                else:
-                    self.executor.signal(job.handle, signal.SIGTERM)
+                if (job.id, job.attempt) not in self._signalled
+            ]
+        for job, run_dir in stopping:
+            self._signalled.add((job.id, job.attempt))
+            if _signal_received(run_dir):  # delivered before a restart of the server
+                continue
+            if job.cancel_requested:
+                self.executor.cancel(job.handle)  # on Slurm, scancel: the job ends CANCELLED there too
+            else:
+                self.executor.signal(job.handle, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the loop found of a running job with no transaction open: its status and, once it ended, what its
+    run left (productive seconds, from its goodput ledger; the newest committed checkpoint)."""
+
+    status: Status
+    productive_s: float | None = None
+    checkpoint_step: int | None = None
 
 
 def _execution(s: Session, job: Job) -> Execution:
@@ -300,13 +347,17 @@ def _room_made(active: list[Job], pending: list[Job]) -> list[str]:
     return [job.id for job in pending if job.id not in leaving_for and requeued_for.get(job.id, -1.0) >= job.queued_at]
 
 
-def _checkpoint_step(job: Job) -> int | None:
+def _newest_checkpoint(job: Job) -> int | None:
+    """The newest committed checkpoint's step, to say where the job resumes (the job verifies it on load)."""
     where = parse_spec(job.spec, source=f"job {job.id}").checkpoint.dir
-    return CheckpointDir(where).latest_valid() if where else None
+    if not where:
+        return None
+    checkpoints = CheckpointDir(where)
+    return next((step for step in reversed(checkpoints.steps()) if checkpoints.committed(step)), None)
 
 
-def _signal_received(execution: Execution) -> bool:
-    if execution.run_dir is None:
+def _signal_received(run_dir: str | None) -> bool:
+    if run_dir is None:
         return False
-    events = Path(execution.run_dir) / "events.jsonl"
+    events = Path(run_dir) / "events.jsonl"
     return events.is_file() and any(e["kind"] == "signal_received" for e in read_jsonl(events))

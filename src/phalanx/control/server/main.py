@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
 from phalanx.control.server import auth
-from phalanx.control.server.app import Server, create_app
+from phalanx.control.server.app import MAX_TOKEN_S, Server, create_app
 from phalanx.control.server.loop import Controller
 from phalanx.control.store import Role, Store, User, open_store
 
@@ -32,6 +32,7 @@ class Settings:
     tick_s: float = 0.5
     executor: str = "local"  # local | slurm
     slurm_partition: str | None = None  # the slurm executor's partition, for jobs whose spec names none
+    max_token_s: float = MAX_TOKEN_S  # the longest a token may live, whoever makes it
 
     @property
     def database_url(self) -> str:
@@ -67,7 +68,7 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     token = bootstrap(store)
     controller = Controller(store, executor, tick_s=settings.tick_s)
     capacity = sum(node.gpus for node in executor.capacity())
-    return Server(store, jobs_dir, capacity, controller.wake.set), controller, token
+    return Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s), controller, token
 
 
 def serve(settings: Settings) -> None:

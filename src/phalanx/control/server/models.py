@@ -5,18 +5,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from phalanx.control.store import Role
+from phalanx.control.store import Role, user_name
+from phalanx.spec import MAX_SPEC_CHARS
 
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME, description="lower-case letters, digits and '-', at most 63")]
 Gpus = Annotated[int, Field(ge=0, le=1_000_000)]
-MAX_SPEC_CHARS = 256 * 1024
+
+
+# A user as the API names it: its name within its tenant (the store keys a tenant's users <tenant>/<name>).
+UserName = Annotated[str, BeforeValidator(user_name)]
 
 
 class In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Out(BaseModel):
@@ -31,7 +35,9 @@ class TenantIn(In):
 
 
 class TenantPatch(In):
-    quota_gpus: Gpus | None = None
+    """The fields given change; null removes a cohort or a borrowing limit. A quota cannot be null."""
+
+    quota_gpus: Gpus = Field(default=None, description="leave it out to keep the quota")  # type: ignore[assignment]
     cohort: Name | None = None
     borrowing_limit: Gpus | None = None
 
@@ -51,7 +57,7 @@ class UserIn(In):
 
 
 class UserOut(Out):
-    name: str
+    name: UserName
     tenant: str | None
     role: Role
     created_at: float
@@ -60,14 +66,18 @@ class UserOut(Out):
 class TokenIn(In):
     name: Name = "default"
     user: Name | None = Field(default=None, description="whose token (default: the caller's)")
-    expires_in_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)] | None = Field(
-        default=90 * 86400, description="seconds until it expires; null: never"
+    tenant: Name | None = Field(
+        default=None,
+        description="the user's tenant: for an admin naming a user two tenants have (default: the caller's)",
+    )
+    expires_in_s: Annotated[float, Field(gt=0)] = Field(
+        default=90 * 86400, description="seconds until it expires, at most the server's --max-token-days"
     )
 
 
 class TokenOut(Out):
     id: str
-    user: str
+    user: UserName
     name: str
     created_at: float
     expires_at: float | None
@@ -92,7 +102,7 @@ class JobOut(Out):
     id: str
     name: str
     tenant: str
-    owner: str
+    owner: UserName
     state: str
     reason: str
     priority: int

@@ -1,11 +1,12 @@
 """The control plane's store: tables (SQLAlchemy 2), migrations (Alembic), and the tenant-scoped access layer
 every read and write of a tenant's rows goes through."""
 
-from phalanx.control.store.access import Forbidden, Identity, NotFound, Role, Scope
+from phalanx.control.store.access import Ambiguous, Forbidden, Identity, NotFound, Role, Scope
 from phalanx.control.store.database import Store, StoreError, connect, migrate, open_store
-from phalanx.control.store.schema import Base, Execution, Job, Tenant, Token, Transition, User
+from phalanx.control.store.schema import Base, Execution, Job, Tenant, Token, Transition, User, user_key, user_name
 
 __all__ = [
+    "Ambiguous",
     "Base",
     "Execution",
     "Forbidden",
@@ -23,4 +24,6 @@ __all__ = [
     "connect",
     "migrate",
     "open_store",
+    "user_key",
+    "user_name",
 ]

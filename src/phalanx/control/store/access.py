@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from phalanx.control.store.schema import Execution, Job, Tenant, Token, Transition, User
+from phalanx.control.store.schema import Execution, Job, Tenant, Token, Transition, User, user_key, user_name
+from phalanx.spec import excerpt
 
 
 class Role(enum.StrEnum):
@@ -24,16 +25,21 @@ class Role(enum.StrEnum):
 class NotFound(LookupError):
     def __init__(self, kind: str, key: object):
         self.kind, self.key = kind, key
-        super().__init__(f"{kind} {key!r} not found")
+        super().__init__(f"{kind} {excerpt(key)} not found")
 
 
 class Forbidden(PermissionError):
     pass
 
 
+class Ambiguous(ValueError):
+    """A name that more than one visible thing has (an admin asking for a user two tenants have): 422."""
+
+
 @dataclass(frozen=True)
 class Identity:
-    """Who is asking: the user, its tenant (None for admins), its role, and the token used."""
+    """Who is asking: the user (its name in its tenant), its tenant (None for admins), its role, and the token
+    used."""
 
     user: str
     tenant: str | None
@@ -43,6 +49,10 @@ class Identity:
     @property
     def is_admin(self) -> bool:
         return self.role is Role.ADMIN
+
+    @property
+    def key(self) -> str:
+        return user_key(self.tenant, self.user)
 
 
 class Scope:
@@ -78,8 +88,8 @@ class Scope:
             stmt = stmt.where(Job.state.in_(states))
         if tenant is not None:
             stmt = stmt.where(Job.tenant == tenant)
-        if owner is not None:
-            stmt = stmt.where(Job.owner == owner)
+        if owner is not None:  # a name: of the caller's tenant, or (an admin's view) of the job's or an admin
+            stmt = stmt.where((Job.owner == owner) | (Job.owner == Job.tenant + "/" + owner))
         return self.session.scalars(stmt.order_by(Job.seq.desc() if newest_first else Job.seq).limit(limit)).all()
 
     def job(self, job_id: str, for_update: bool = False) -> Job:
@@ -104,10 +114,30 @@ class Scope:
     def users(self) -> Sequence[User]:
         return self.session.scalars(self._mine(select(User), User.tenant).order_by(User.name)).all()
 
-    def user(self, name: str) -> User:
-        found = self.session.scalar(self._mine(select(User).where(User.name == name), User.tenant))
-        if found is None:
+    def user(self, name: str, tenant: str | None = None) -> User:
+        """The user ``name`` of ``tenant`` (default: the caller's). An admin naming no tenant finds an admin of
+        that name, else the one tenant's user of that name; two tenants' are ambiguous (Ambiguous)."""
+        if not self.who.is_admin:
+            if tenant not in (None, self.who.tenant):
+                raise NotFound("user", name)
+            return self.user_by_key(user_key(self.who.tenant, name))
+        if tenant is not None:
+            return self.user_by_key(user_key(tenant, name))
+        found = self.session.scalars(
+            select(User).where((User.name == name) | (User.name == User.tenant + "/" + name)).limit(3)
+        ).all()
+        if len(found) > 1 and not any(u.tenant is None for u in found):
+            raise Ambiguous(
+                f"user {name!r} is a user of tenants {', '.join(sorted(str(u.tenant) for u in found))}: name its tenant"
+            )
+        if not found:
             raise NotFound("user", name)
+        return min(found, key=lambda u: u.tenant is not None)  # an admin's name is the admin's first
+
+    def user_by_key(self, key: str) -> User:
+        found = self.session.get(User, key)
+        if found is None or not (self.who.is_admin or found.tenant == self.who.tenant):
+            raise NotFound("user", user_name(key))
         return found
 
     def tokens(self) -> Sequence[Token]:
@@ -116,7 +146,7 @@ class Scope:
         if self.who.role is Role.TENANT_ADMIN:
             stmt = stmt.where(User.tenant == self.who.tenant)
         elif not self.who.is_admin:
-            stmt = stmt.where(Token.user == self.who.user)
+            stmt = stmt.where(Token.user == self.who.key)
         return self.session.scalars(stmt.order_by(Token.created_at)).all()
 
     def token(self, token_id: str) -> Token:
@@ -136,12 +166,12 @@ class Scope:
         self.require(action=action)
 
     def may_cancel(self, job: Job) -> None:
-        if self.who.role is Role.MEMBER and job.owner != self.who.user:
-            raise Forbidden(f"job {job.id} belongs to {job.owner}; a member cancels only its own jobs")
+        if self.who.role is Role.MEMBER and job.owner != self.who.key:
+            raise Forbidden(f"job {job.id} belongs to {user_name(job.owner)}; a member cancels only its own jobs")
         self.require(Role.TENANT_ADMIN, Role.MEMBER, action="cancelling a job")
 
     def may_manage(self, user: User) -> None:
         """Tokens of others: an admin's for anyone, a tenant-admin's for its tenant's users (``user`` came
         through this scope, so it is of the caller's tenant)."""
-        if user.name != self.who.user:
-            self.require(Role.TENANT_ADMIN, action=f"managing user {user.name}'s tokens")
+        if user.name != self.who.key:
+            self.require(Role.TENANT_ADMIN, action=f"managing user {user_name(user.name)}'s tokens")

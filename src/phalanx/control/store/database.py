@@ -50,13 +50,28 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.close()
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the database to the newest schema (a new database gets every migration)."""
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to the newest schema (a new database gets every migration), or to ``revision``."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        if sqlite:  # a migration rebuilds tables that others point at (batch mode): check the keys after, not during
+            _pragma(connection, "foreign_keys=OFF")  # outside a transaction, or SQLite ignores it
+        try:
+            with connection.begin():
+                config.attributes["connection"] = connection
+                command.upgrade(config, revision)
+                if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()):
+                    raise StoreError(f"the migration left rows pointing at rows that are gone: {broken[:5]}")
+        finally:
+            if sqlite:
+                _pragma(connection, "foreign_keys=ON")
+
+
+def _pragma(connection, setting: str) -> None:
+    connection.exec_driver_sql(f"PRAGMA {setting}")
+    connection.commit()
 
 
 class Store:

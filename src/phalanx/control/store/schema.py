@@ -24,11 +24,22 @@ class Tenant(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+def user_key(tenant: str | None, name: str) -> str:
+    """A user's key: an admin's name, or ``<tenant>/<name>`` for a tenant's user."""
+    return f"{tenant}/{name}" if tenant is not None else name
+
+
+def user_name(key: str) -> str:
+    """The name a user is known by within its tenant (or, an admin's, everywhere)."""
+    return key.rpartition("/")[2]
+
+
 class User(Base):
-    """A person or a robot. ``tenant`` is None for admins only."""
+    """A person or a robot. ``tenant`` is None for admins only. ``name`` is the user's key (``user_key``): each
+    tenant names its users on its own, so that creating one tells nothing of another tenant's users."""
 
     __tablename__ = "users"
-    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    name: Mapped[str] = mapped_column(String(127), primary_key=True)
     tenant: Mapped[str | None] = mapped_column(ForeignKey("tenants.name"))
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Float)
@@ -39,7 +50,7 @@ class Token(Base):
 
     __tablename__ = "tokens"
     id: Mapped[str] = mapped_column(String(16), primary_key=True)
-    user: Mapped[str] = mapped_column(ForeignKey("users.name"), index=True)
+    user: Mapped[str] = mapped_column(String(127), ForeignKey("users.name"), index=True)  # the user's key
     name: Mapped[str] = mapped_column(String(63))
     secret_sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
@@ -55,7 +66,7 @@ class Job(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(32), unique=True)
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"))
-    owner: Mapped[str] = mapped_column(ForeignKey("users.name"))
+    owner: Mapped[str] = mapped_column(String(127), ForeignKey("users.name"))  # the submitter's key
     name: Mapped[str] = mapped_column(String(128))
     spec: Mapped[str] = mapped_column(Text)
     workdir: Mapped[str] = mapped_column(Text)
