@@ -152,7 +152,7 @@ class SlurmCluster:
             f"SlurmUser={user}",
             f"SlurmdUser={user}",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={munge}",
+            f"AuthInfo=socket={munge},cred_expire=20",  # a requeued job waits this long (120 s by default)
             "CredType=cred/munge",
             f"StateSaveLocation={self.root / 'state'}",
             f"SlurmdSpoolDir={self.root / 'spool' / '%n'}",
@@ -168,6 +168,7 @@ class SlurmCluster:
             "ReturnToService=2",
             "SlurmdTimeout=30",
             "KillWait=15",
+            "SchedulerParameters=bf_interval=5,sched_interval=10",  # a requeued job's wait ends: started soon after
             "MinJobAge=600",
             "JobCompType=jobcomp/filetxt",  # what sacct --completion reads on a cluster without slurmdbd
             f"JobCompLoc={self.root / 'jobcomp.txt'}",
@@ -205,6 +206,51 @@ class SlurmCluster:
 
     def node_at(self, addr: str) -> str:
         return next(name for name, a in self.addrs.items() if a == addr)
+
+    def processes(self, name: str) -> list[int]:
+        """Every process of node ``name``, as if it were a machine: its slurmd, the slurmstepds of the steps it
+        runs (each listens on a socket in the node's spool directory) and all their descendants, parents first."""
+        spool = f"{self.root / 'spool' / name}/"
+        sockets = {
+            f"socket:[{fields[6]}]"
+            for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+            if len(fields := line.split()) >= 8 and fields[7].startswith(spool)
+        }
+        roots = [int((self.root / f"slurmd-{name}.pid").read_text())]
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
+                    roots.append(int(proc.name))
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                pid, rest = stat.read_text().split(" ", 1)[0], stat.read_text().rsplit(")", 1)[1].split()
+                children.setdefault(int(rest[1]), []).append(int(pid))
+        found: list[int] = []
+        for pid in roots:
+            todo = [pid]
+            while todo:
+                if (now := todo.pop(0)) not in found:
+                    found.append(now)
+                    todo += children.get(now, [])
+        return found
+
+    def strike(self, name: str, sig: int) -> list[int]:
+        """``sig`` to every process of node ``name`` (SIGSTOP: the machine frozen; SIGKILL: it crashed)."""
+        pids = self.processes(name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+    def restart(self, name: str) -> None:
+        """Node ``name`` rebooted: what is left of it killed, its slurmd started again, and back in service."""
+        self.strike(name, signal.SIGKILL)
+        subprocess.run(["slurmd", "-f", str(self.conf), "-N", name], check=True, capture_output=True, env=self.env)
+        deadline = time.monotonic() + 120
+        while self.states().get(name, "").rstrip("*") not in ("idle", "mixed", "allocated"):
+            assert time.monotonic() < deadline, f"{name} did not come back: {self.states()}"
+            time.sleep(0.5)
 
     def stop(self) -> None:
         subprocess.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], env=self.env)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Job
+from conftest import REPO, Job, alive, wait_gone
 from phalanx.control.executors import Phase
 from phalanx.control.executors.slurm import SlurmExecutor, job_info, render
 from phalanx.obs import read_jsonl
@@ -100,27 +101,59 @@ def test_the_sbatch_script_asks_slurm_for_what_the_spec_says(tmp_path: Path) -> 
     spec = parse_spec(
         "name: big\nresources: {nodes: 16, spare_nodes: 2, procs_per_node: 8, device: cuda}\n"
         "command: [python, train.py]\n"
-        "slurm: {partition: gpu, account: proj-7, qos: high, constraint: h100&ib, time_limit: '2-00:00:00'}\n"
+        "slurm: {partition: gpu, account: proj-7, qos: high, constraint: h100&ib, time_limit: '2-00:00:00',\n"
+        "  sbatch_options: [--reservation=maint, --comment=run-7], rdzv_ports: 31000-31009,\n"
+        "  python: /opt/venv/bin/python, setup: ['module load cuda/12.4', 'export NCCL_IB_HCA=mlx5']}\n"
     )
     script = render(spec, tmp_path / "job.yaml", tmp_path / "runs", tmp_path, tmp_path / "slurm-%j.out")
     directives = re.findall(r"^#SBATCH (\S+)$", script, re.M)
     assert directives == [
-        "--job-name=big", "--nodes=18", "--ntasks-per-node=1", "--gres=gpu:8", "--time=2-00:00:00",
-        "--partition=gpu", "--account=proj-7", "--qos=high", "--constraint=h100&ib", f"--chdir={tmp_path}",
-        f"--output={tmp_path}/slurm-%j.out", "--open-mode=append", "--no-kill", "--requeue",
+        "--job-name=big", "--nodes=16-18", "--mem=0", "--gres=gpu:8", "--time=2-00:00:00", "--partition=gpu",
+        "--account=proj-7", "--qos=high", "--constraint=h100&ib", "--exclusive", "--reservation=maint",
+        "--comment=run-7", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out", "--open-mode=append",
+        "--wait-all-nodes=1", "--no-kill", "--requeue", "--signal=B:USR1@90",
     ]  # fmt: skip
-    assert "--nodes=1 --ntasks=1 --relative=0" in script and "--nodes=17 --ntasks=17 --relative=1" in script
+    # whole GPU nodes: each node's agent takes every CPU the node has in the job, not srun's default of one
+    assert script.count('--cpus-per-task="$step_cpus"') == 2 and "--relative=0" in script and "--relative=1" in script
+    assert "module load cuda/12.4\nexport NCCL_IB_HCA=mlx5\n" in script and "agent=(/opt/venv/bin/python -m" in script
+    assert "rdzv_port=$(( 31000 + SLURM_JOB_ID % 10 ))" in script
+    assert script.count("scontrol show node") == 1  # one call to slurmctld for every node's address
+    assert '--on-node0-lost "scontrol requeue $SLURM_JOB_ID"' in script
+    cpu = parse_spec(
+        "name: small\nresources: {nodes: 2, procs_per_node: 4, device: cpu}\ncommand: [python, train.py]\n"
+        "slurm: {requeue: false}\n"
+    )
+    script = render(cpu, tmp_path / "job.yaml", tmp_path / "runs", tmp_path, tmp_path / "slurm-%j.out")
+    asked = re.findall(
+        r"^#SBATCH (--nodes|--cpus-per-task|--mem|--exclusive|--requeue|--no-requeue)\b(\S*)$", script, re.M
+    )
+    assert asked == [("--nodes", "=2"), ("--cpus-per-task", "=4"), ("--no-requeue", "")]  # a CPU per worker
+    assert '--on-node0-lost "scancel $SLURM_JOB_ID"' in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # it parses
 
 
 def test_bad_slurm_fields_are_spec_errors_naming_the_field(tmp_path: Path) -> None:
-    (tmp_path / "job.yaml").write_text(_spec("t") + "slurm: {time_limit: '2 hours', partition: 'a b', gpus: 2}\n")
+    (tmp_path / "job.yaml").write_text(
+        _spec("t") + "slurm: {time_limit: '2 hours', partition: 'a b', gpus: 2, sbatch_options: [--nodes=4, -w n1],"
+        " stop_margin_s: 5, rdzv_ports: 80-90, mem: lots}\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "phalanx", "slurm", "render", "job.yaml"], capture_output=True, text=True, cwd=tmp_path
     )
     assert done.returncode == 2
-    for field in ("slurm.time_limit", "slurm.partition", "slurm.gpus"):
+    for field in (
+        "slurm.time_limit", "slurm.partition", "slurm.gpus", "slurm.sbatch_options.0: --nodes: phalanx renders it",
+        "slurm.sbatch_options.1: '-w n1': give a long option", "slurm.rdzv_ports", "slurm.mem",
+    ):  # fmt: skip
         assert field in done.stderr, done.stderr
+    (tmp_path / "job.yaml").write_text(_spec("t") + "slurm: {stop_margin_s: 5}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "slurm", "render", "job.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert (
+        done.returncode == 2
+        and "slurm.stop_margin_s: 5 s is shorter than resilience.stop_grace_s = 10 s" in done.stderr
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +178,8 @@ def test_two_node_job_trains_on_slurm_as_it_does_on_local_nodes(
     assert all((run / "logs" / f"rank-{r}.log").read_text() for r in range(2))
     (joined,) = _events(run, "nodes_joined")
     assert {a["addr"] for a in joined["agents"].values()} == {"127.0.0.2", "127.0.0.3"}
-    log = (where / f"slurm-{job_id}.out").read_text()
+    node1 = slurm.node_at(joined["agents"]["1"]["addr"])
+    log = (where / f"slurm-{job_id}.{node1}.out").read_text()  # each node's agent writes its own log
     assert "[phalanx node 1] the job ended: all workers exited with code 0" in log
     assert _losses(run) == reference and len(reference) == STEPS  # the same job as with --local-nodes, bitwise
 
@@ -164,6 +198,7 @@ def test_a_node_taken_down_mid_run_is_replaced_by_the_spare(
         subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"], env=slurm.env, capture_output=True)
     log = (where / f"slurm-{job_id}.out").read_text()
     assert _info(slurm, job_id).state == "COMPLETED", log[-3000:]
+    assert "attempt 0: ranks 1..1" in (where / f"slurm-{job_id}.{victim}.out").read_text()  # kept, up to its loss
     (lost,) = _events(run, "node_lost")
     assert lost["node"] == 1
     (changed,) = _events(run, "nodes_changed")
@@ -172,10 +207,66 @@ def test_a_node_taken_down_mid_run_is_replaced_by_the_spare(
     assert _losses(run) == reference  # the spare ran node 1's ranks from the checkpoint: the same training
 
 
+def _job_processes(job_id: str) -> list[int]:
+    """Live processes of Slurm job ``job_id`` on this machine (every node's): those with its id in their
+    environment (the batch script, srun, the agents, the workers)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"SLURM_JOB_ID={job_id}".encode() in environ.read_bytes().split(b"\0") and alive(
+                int(environ.parent.name)
+            ):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["frozen", "killed"])
+def test_the_job_resumes_by_itself_when_its_batch_host_is_lost(
+    slurm: SlurmCluster, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Node 0's machine (the batch host: its slurmd, the batch script, srun, node 0's agent and workers) frozen
+    or crashed. The surviving agents find it lost within node_timeout_s, stop their workers, record it, and
+    ask Slurm to requeue the job; Slurm starts it again once the batch host is out of the job, and it resumes
+    from its last checkpoint, exactly: the steps it redoes have the losses they had."""
+    job_id, where = _submit(slurm, tmp_path, _spec("two", spares=1, steps=400))
+    first = _after_checkpoint(tmp_path / "runs" / "two")
+    (joined,) = _events(first, "nodes_joined")
+    batch_host = slurm.node_at(joined["agents"]["0"]["addr"])
+    struck = time.time()
+    node0 = slurm.strike(batch_host, sig)
+    try:
+        _until(slurm, job_id, {"PENDING"}, timeout=240)  # requeued: held a while (cred_expire), then started again
+    finally:
+        slurm.restart(batch_host)  # the machine rebooted: what was left of it killed, its slurmd back
+    _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    info = _info(slurm, job_id)
+    assert (info.state, info.restarts) == ("COMPLETED", 1), (where / f"slurm-{job_id}.out").read_text()[-3000:]
+    lost = _events(first, "rendezvous_lost")
+    assert sorted(e["node"] for e in lost) == [1, 2]  # the member and the spare
+    assert all(e["ts"] - struck <= 5.0 + 2.0 for e in lost), [e["ts"] - struck for e in lost]
+    result = json.loads((first / "result.json").read_text())
+    assert (result["outcome"], result["failed_node"], result["node_lost"]) == ("failed", 0, True)
+    survivors = [(where / f"slurm-{job_id}.{slurm.node_at(joined['agents'][n]['addr'])}.out").read_text() for n in "12"]
+    assert all(f"exiting (running scontrol requeue {job_id})" in log for log in survivors)  # each asked; one was first
+    assert any(f"`scontrol requeue {job_id}` exited with code 0" in log for log in survivors)
+    second = next(run for run in _runs(tmp_path, "two") if run != first)
+    assert json.loads((second / "result.json").read_text())["outcome"] == "succeeded"
+    before, after = _losses(first), _losses(second)
+    assert max(after) == 399 and min(after) <= max(before)  # resumed from a checkpoint of the first run's
+    redone = sorted(set(before) & set(after))
+    assert redone and all(before[s] == after[s] for s in redone)  # bitwise the losses it had: an exact resume
+    wait_gone(node0)
+    assert _job_processes(job_id) == []
+
+
 def test_slurm_requeue_and_time_limit_are_reported_as_such(slurm: SlurmCluster, tmp_path: Path) -> None:
     requeued_id, where = _submit(slurm, tmp_path / "requeued", _spec("requeued", nodes=1))
-    timed_id, _ = _submit(
-        slurm, tmp_path / "timed", _spec("timed", nodes=1, steps=100_000, extra="slurm: {time_limit: '1'}\n")
+    timed_id, timed_where = _submit(
+        slurm,
+        tmp_path / "timed",
+        _spec("timed", nodes=1, steps=100_000, extra="slurm: {time_limit: '1', stop_margin_s: 20}\n"),
     )
     _after_checkpoint(tmp_path / "requeued" / "runs" / "requeued")
     slurm.run("scontrol", "requeue", requeued_id)
@@ -187,10 +278,15 @@ def test_slurm_requeue_and_time_limit_are_reported_as_such(slurm: SlurmCluster, 
     first, _ = _runs(tmp_path / "requeued", "requeued")  # a run directory per start
     assert json.loads((first / "result.json").read_text())["outcome"] == "stopped"  # checkpointed on SIGTERM
     log = (where / f"slurm-{requeued_id}.out").read_text()
-    assert f"Slurm job {requeued_id} (restart 1)" in log and "resumed from" in log  # the same checkpoints
+    node_log = next(where.glob(f"slurm-{requeued_id}.n*.out")).read_text()
+    assert f"Slurm job {requeued_id} (restart 1)" in log and "resumed from" in node_log  # the same checkpoints
     assert _info(slurm, requeued_id).state == "COMPLETED"
 
-    _until(slurm, timed_id, {"TIMEOUT"}, timeout=150)  # at its 1 minute: Slurm's SIGTERM, then the checkpoint
+    # Slurm warns the batch script 20 s (or up to 60 s more) before the 1-minute limit; the job checkpoints, stops
+    _until(slurm, timed_id, {"FAILED", "TIMEOUT"}, timeout=150)
+    assert "the time limit is 20 s away" in (timed_where / f"slurm-{timed_id}.out").read_text()
+    (timed_run,) = _runs(tmp_path / "timed", "timed")
+    assert [e["signal"] for e in _events(timed_run, "signal_received")] == ["SIGTERM"]
     executor = SlurmExecutor(tmp_path)
     handle = {
         "dir": str(_submission(tmp_path / "timed")),
@@ -201,7 +297,7 @@ def test_slurm_requeue_and_time_limit_are_reported_as_such(slurm: SlurmCluster, 
         m.setenv("SLURM_CONF", str(slurm.conf))
         status = executor.status(handle)
     assert status.phase is Phase.EXITED and status.outcome == "stopped"
-    assert "timed out" in status.reason and "stopped by SIGTERM" in status.reason
+    assert "its time limit was near" in status.reason and "stopped by SIGTERM" in status.reason
 
 
 def _submission(tmp: Path) -> Path:

@@ -53,6 +53,7 @@ def slurm_submit(job: Path = JOB, runs_dir: Path = RUNS_DIR, partition: str | No
     print(done.job_id)
     err.print(
         f"submitted {spec.name} as Slurm job {done.job_id}\n  log: {done.log}\n"
+        f"  each node's agent: {done.log.with_suffix('')}.<node>.out\n"
         f"  run directory: {done.runs_dir / spec.name}/<run id>, once it starts\n"
         f"  cancel: scancel {done.job_id} (the job checkpoints first)",
         highlight=False,

@@ -137,9 +137,11 @@ def agent(
         code = node.run()
     except (LaunchError, OSError) as e:
         err.print(f"[bold red]cannot start[/] {spec.name} node {node_rank}: {e}", highlight=False)
-        raise typer.Exit(2) from None
-    # A store call abandoned past its bound (node 0 frozen) is still inside torch on a thread of its own; the
-    # interpreter's teardown would run into it and abort. Nothing is left to clean up: leave at once.
+        if node_rank == 0:
+            raise typer.Exit(2) from None
+        code = 2
+    # A store call abandoned past its bound (node 0 frozen) may still be inside torch on a thread of its own;
+    # the interpreter's teardown would run into it and abort. Nothing is left to clean up: leave at once.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -7,9 +7,11 @@ each can name the exact field it blames.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 
@@ -17,7 +19,7 @@ Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 class Strict(BaseModel):
     """Base for every spec section: unknown keys are errors, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, allow_inf_nan=False)
 
 
 class Resources(Strict):
@@ -279,11 +281,46 @@ class Resilience(Strict):
 SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
 # Slurm's own forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 SlurmTime = Annotated[str, Field(pattern=r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")]
+# sbatch's --mem: a size with an optional unit; 0 is all of each node's memory.
+SlurmMemory = Annotated[str, Field(pattern=r"^\d{1,9}[KMGT]?$")]
+# What the batch script renders itself, or takes from another field: never passed through slurm.sbatch_options.
+SBATCH_RENDERED = {
+    "nodes": "resources.nodes and spare_nodes", "ntasks": "one agent per node", "ntasks-per-node": "one agent per node",
+    "cpus-per-task": "slurm.cpus_per_node", "mem": "slurm.mem", "exclusive": "slurm.exclusive",
+    "gres": "slurm.gpus_per_node", "gpus": "slurm.gpus_per_node", "gpus-per-node": "slurm.gpus_per_node",
+    "time": "slurm.time_limit", "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
+    "constraint": "slurm.constraint", "job-name": "name", "output": "phalanx's log files",
+    "error": "phalanx's log files", "open-mode": "phalanx's log files", "chdir": "the submitting directory",
+    "no-kill": "phalanx's node handling", "requeue": "slurm.requeue", "no-requeue": "slurm.requeue",
+    "signal": "slurm.stop_margin_s", "wait-all-nodes": "the batch script", "array": None, "wrap": None,
+    "parsable": None, "export": "env (the workers' environment) and slurm.setup",
+}  # fmt: skip
+
+
+def _sbatch_option(option: str) -> str:
+    name, _, value = option.partition("=")
+    if not re.fullmatch(r"--[a-z][a-z0-9-]{0,40}", name):
+        raise ValueError(
+            f"{option!r}: give a long option as sbatch takes it, --name or --name=value (e.g. --reservation=maint)"
+        )
+    if not re.fullmatch(r"[^\s\"'\\]{0,256}", value):
+        raise ValueError(f"{option[:60]!r}: a value of at most 256 characters, with no spaces, quotes or backslashes")
+    if name[2:] in SBATCH_RENDERED:
+        instead = SBATCH_RENDERED[name[2:]]
+        raise ValueError(f"{name}: phalanx renders it" + (f" from {instead}" if instead else " or cannot run with it"))
+    return option
+
+
+def _port_range(ports: str) -> str:
+    low, _, high = ports.partition("-")
+    if not (re.fullmatch(r"\d{1,5}(-\d{1,5})?", ports) and 1024 <= int(low) <= int(high or low) <= 65535):
+        raise ValueError("give PORT or LOW-HIGH, with 1024 <= LOW <= HIGH <= 65535 (e.g. 29400-29499)")
+    return ports
 
 
 class Slurm(Strict):
-    """How `phalanx slurm submit` (and a server with `--executor slurm`) asks Slurm for the job's nodes
-    (docs/clusters.md)."""
+    """How `phalanx slurm submit` (and a server with `--executor slurm`) asks Slurm for the job's nodes, and how
+    each node is set up (docs/clusters.md)."""
 
     partition: SlurmName | None = Field(default=None, description="sbatch --partition; default: the cluster's")
     account: SlurmName | None = Field(default=None, description="sbatch --account")
@@ -293,15 +330,56 @@ class Slurm(Strict):
     )
     time_limit: SlurmTime | None = Field(
         default=None,
-        description="sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS; at the limit Slurm sends SIGTERM, and the "
-        "job checkpoints and stops",
+        description="sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS; stop_margin_s before it the job checkpoints "
+        "and stops",
+    )
+    stop_margin_s: Annotated[int, Field(ge=1, le=65535)] | None = Field(
+        default=None,
+        description="how long before the time limit Slurm warns the job (--signal), which then stops with a "
+        "checkpoint; at least resilience.stop_grace_s; default: stop_grace_s + 60",
     )
     gpus_per_node: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="GPUs asked per node (gres gpu); default: procs_per_node on cuda, else 0"
     )
-    requeue: bool = Field(
-        default=True, description="Slurm requeues the job when node 0 fails or it is preempted; it resumes"
+    cpus_per_node: PositiveInt | None = Field(
+        default=None,
+        description="CPUs asked per node (--cpus-per-task of the node's one agent, which its workers share); "
+        "default: all of each node's on cuda (exclusive), else procs_per_node",
     )
+    mem: SlurmMemory | None = Field(
+        default=None, description="memory per node (--mem), e.g. 500G; 0: all of it; default: 0 on cuda, else Slurm's"
+    )
+    exclusive: bool | None = Field(
+        default=None, description="whole nodes, shared with no other job (--exclusive); default: true on cuda"
+    )
+    requeue: bool = Field(
+        default=True,
+        description="Slurm requeues the job when node 0 is lost or it is preempted, and it resumes from its last "
+        "checkpoint; false: the job ends",
+    )
+    rdzv_ports: Annotated[str, AfterValidator(_port_range)] = Field(
+        default="29400-29499",
+        description="the rendezvous listens on one port of this range (open it between the nodes), the job id "
+        "modulo its size: jobs sharing a head node collide only when their ids are that far apart",
+    )
+    python: Annotated[str, Field(pattern=r"^[^\x00\n]{1,1024}$")] | None = Field(
+        default=None, description="the Python interpreter on the nodes; default: the one that submits"
+    )
+    setup: list[Annotated[str, Field(pattern=r"^[^\x00\n]{0,1024}$")]] = Field(
+        default=[],
+        description="shell lines the batch script runs before it starts the agents (module load, source a venv); "
+        "srun carries the environment they make to every node",
+    )
+    sbatch_options: list[Annotated[str, AfterValidator(_sbatch_option)]] = Field(
+        default=[],
+        description="more sbatch options for the site, e.g. --reservation=x, --comment=y; those phalanx renders "
+        "are refused with the field to use",
+    )
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        low, _, high = self.rdzv_ports.partition("-")
+        return int(low), int(high or low)
 
 
 K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
@@ -397,6 +475,26 @@ class JobSpec(Strict):
     def _cross_field_issues(self) -> list[tuple[str, str]]:
         if (self.train is None) == (self.command is None):
             return [("train|command", "give exactly one: `train:` (the built-in recipe) or `command:` (a script)")]
+        return self._slurm_issues() + self._train_issues()
+
+    def _slurm_issues(self) -> list[tuple[str, str]]:
+        margin, grace = self.slurm.stop_margin_s, self.resilience.stop_grace_s
+        if margin is not None and margin < grace:
+            return [
+                (
+                    "slurm.stop_margin_s",
+                    f"{margin} s is shorter than resilience.stop_grace_s = {grace:g} s, the time the job gets to "
+                    f"checkpoint once warned; use at least {math.ceil(grace)}",
+                )
+            ]
+        return []
+
+    @property
+    def stop_margin_s(self) -> int:
+        """How long before Slurm's time limit the job is warned to stop (slurm.stop_margin_s, or its default)."""
+        return self.slurm.stop_margin_s or math.ceil(self.resilience.stop_grace_s) + 60
+
+    def _train_issues(self) -> list[tuple[str, str]]:
         if self.train is None:
             return self._in_process_issues()
         world = self.resources.world_size

@@ -1,19 +1,24 @@
-"""The Slurm executor: a job becomes one sbatch allocation of nodes + spare_nodes nodes, one task per node,
-and ``srun`` starts a ``phalanx agent`` on each; node 0's agent (the job's supervisor) hosts the rendezvous on
-the allocation's first node. Slurm places and starts; phalanx does the rest, as on any other backend.
+"""The Slurm executor: a job becomes one sbatch allocation of nodes (and up to spare_nodes more), and ``srun``
+starts a ``phalanx agent`` on each; node 0's agent (the job's supervisor) hosts the rendezvous on the
+allocation's first node. Slurm places and starts; phalanx does the rest, as on any other backend.
 
 Node 0's agent runs in a step of its own, so the batch script can take its verdict, which is the job's, as
 its exit code: an agent killed with a lost node does not turn a recovered job into a failed one. The
 allocation is asked with ``--no-kill``: a lost node is phalanx's to handle (a spare, or a shrink), not a
-reason for Slurm to end the job; with ``--requeue`` Slurm starts the job again when it cannot go on (node 0
-lost, preemption), and it resumes from its last checkpoint.
+reason for Slurm to end the job. Node 0 lost is the one loss the job cannot survive in place: Slurm would not
+notice (with --no-kill it drops a failed batch host from the job and lets it run on to its time limit), so the
+surviving agents ask for the requeue themselves (``scontrol requeue``; ``scancel`` without ``requeue``), and
+the job starts again and resumes from its last checkpoint. docs/clusters.md has the timings.
 
-    <dir>/job.yaml        the spec the agents read (on the shared filesystem)
-         /job.sbatch      the batch script
-         /slurm_job_id    Slurm's id for it, once sbatch took it
-         /slurm-<id>.out  the batch script's and the agents' output (appended to across requeues)
-         /checkpoints/    unless the spec's checkpoint.dir says otherwise
-         /runs/<name>/<run id>/   the run directory, unless another runs directory is given
+    <dir>/job.yaml              the spec the agents read (on the shared filesystem)
+         /job.sbatch            the batch script
+         /slurm_job_id          Slurm's id for it, once sbatch took it
+         /slurm-<id>.out        the batch script's output (appended to across requeues)
+         /slurm-<id>.<node>.out each node's agent's own (a node lost loses no other node's log)
+         /nodes-<id>            each node's address, as slurmctld gave it once, at the start
+         /time-limit-<id>       the job was warned that its time limit is near, and stopped
+         /checkpoints/          unless the spec's checkpoint.dir says otherwise
+         /runs/<name>/<run id>/ the run directory, unless another runs directory is given
 """
 
 from __future__ import annotations
@@ -63,6 +68,37 @@ def gpus_per_node(spec: JobSpec) -> int:
     return spec.resources.procs_per_node if spec.resources.device == "cuda" else 0
 
 
+def directives(spec: JobSpec, workdir: Path, log: Path, partition: str | None = None) -> list[str]:
+    """What the batch script asks of sbatch. GPU jobs take whole nodes and all their memory unless the spec
+    says otherwise; CPU jobs a CPU per worker. Spares are asked as a range, nodes to nodes + spare_nodes: the
+    job starts with the spares that are free (a node lost before a requeue need not come back first)."""
+    res, opts = spec.resources, spec.slurm
+    gpu = res.device == "cuda"
+    exclusive = opts.exclusive if opts.exclusive is not None else gpu
+    cpus = opts.cpus_per_node or (None if exclusive else res.procs_per_node)
+    mem = opts.mem if opts.mem is not None else ("0" if gpu else None)
+    nodes = f"{res.nodes}-{res.nodes + res.spare_nodes}" if res.spare_nodes else str(res.nodes)
+    asked = (
+        ("cpus-per-task", cpus), ("mem", mem), ("gres", f"gpu:{gpus_per_node(spec)}" if gpus_per_node(spec) else None),
+        ("time", opts.time_limit), ("partition", opts.partition or partition), ("account", opts.account),
+        ("qos", opts.qos), ("constraint", opts.constraint),
+    )  # fmt: skip
+    return [
+        f"--job-name={spec.name}",
+        f"--nodes={nodes}",
+        *(f"--{flag}={value}" for flag, value in asked if value is not None),
+        *(["--exclusive"] if exclusive else []),
+        *opts.sbatch_options,
+        f"--chdir={workdir}",
+        f"--output={log}",
+        "--open-mode=append",
+        "--wait-all-nodes=1",
+        "--no-kill",
+        "--requeue" if opts.requeue else "--no-requeue",
+        f"--signal=B:USR1@{spec.stop_margin_s}",
+    ]
+
+
 def render(
     spec: JobSpec,
     job: Path,
@@ -73,78 +109,84 @@ def render(
     python: str = sys.executable,
 ) -> str:
     """The sbatch script of ``spec``, whose file is ``job`` (every path absolute: the script runs elsewhere);
-    ``partition`` when the spec names none."""
-    res, opts = spec.resources, spec.slurm
-    nodes = res.nodes + res.spare_nodes
+    ``partition`` when the spec names none. ``log``: the batch script's output (``%j``: the job id); each
+    node's agent writes its own beside it, <log>.<node name>.out, so that losing one node loses no other's."""
+    opts = spec.slurm
     q = shlex.quote
-    directives = [
-        f"--job-name={spec.name}",
-        f"--nodes={nodes}",
-        "--ntasks-per-node=1",
-        *([f"--gres=gpu:{gpus_per_node(spec)}"] if gpus_per_node(spec) else []),
-        *(
-            f"--{flag}={value}"
-            for flag, value in (
-                ("time", opts.time_limit),
-                ("partition", opts.partition or partition),
-                ("account", opts.account),
-                ("qos", opts.qos),
-                ("constraint", opts.constraint),
-            )
-            if value is not None
-        ),
-        f"--chdir={workdir}",
-        f"--output={log}",
-        "--open-mode=append",
-        "--no-kill",
-        "--requeue" if opts.requeue else "--no-requeue",
-    ]
-    step = "srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill"
-    launch = 'bash -c \'exec "$@" --node-rank {rank} --addr "$(node_addr "$SLURMD_NODENAME")"\' agent "${{agent[@]}}"'
+    low, high = opts.ports
+    stem = log.name.removesuffix(".out")
+    head, _, tail = stem.partition("%j")
+    node_log = q(str(log.parent / head)) + ('"$SLURM_JOB_ID"' + (q(tail) if tail else "") if "%j" in stem else "")
+    after_lost = "scontrol requeue" if opts.requeue else "scancel"
+    cpus = f"--cpus-per-task={opts.cpus_per_node}" if opts.cpus_per_node else '--cpus-per-task="$step_cpus"'
+    step = f"srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill {cpus}"
+    launch = (
+        'bash -c \'exec "$@" --node-rank {rank} --addr "$(node_addr "$SLURMD_NODENAME")" '
+        '>> "$node_log.$SLURMD_NODENAME.out" 2>&1\' agent "${{agent[@]}}"'
+    )
     lines = [
         "#!/bin/bash",
-        f"# phalanx job {spec.name}: {res.nodes} node(s) + {res.spare_nodes} spare(s), from {job}",
-        *(f"#SBATCH {d}" for d in directives),
+        f"# phalanx job {spec.name}: {spec.resources.nodes} node(s) + up to {spec.resources.spare_nodes} spare(s), "
+        f"from {job}",
+        *(f"#SBATCH {d}" for d in directives(spec, workdir, log, partition)),
         "set -uo pipefail",
+        *(["", "# slurm.setup: each node's environment", *opts.setup] if opts.setup else []),
         "",
-        "# Node 0's agent hosts the rendezvous on the first node of the allocation (where this script runs), at",
-        "# the address Slurm reaches that node by.",
-        "node_addr() { scontrol show node \"$1\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2; }",
+        "# Every node's address, from one call to slurmctld (not one per node), in a file each agent reads its own",
+        "# line of. Node 0's agent hosts the rendezvous on the first node (where this script runs), on a port of",
+        "# slurm.rdzv_ports that the job id picks (the same on every start). Each agent writes its own log, so that",
+        "# losing a node, this one included, loses no other node's output.",
+        f'nodes={q(str(log.parent))}/nodes-"$SLURM_JOB_ID"',
+        f"node_log={node_log}",
+        "export nodes node_log",
+        'scontrol show node -o "$SLURM_JOB_NODELIST" | awk \'{for (i = 1; i <= NF; i++) {split($i, kv, "="); '
+        'f[kv[1]] = kv[2]}; print f["NodeName"], f["NodeAddr"]}\' > "$nodes"',
+        'node_addr() { awk -v name="$1" \'$1 == name {print $2}\' "$nodes"; }',
         "export -f node_addr",
-        'rdzv_addr=$(node_addr "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)")',
-        f"rdzv_port=$({q(python)} -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
-        'print(s.getsockname()[1])\' "$rdzv_addr")',
-        f"agent=({q(python)} -m phalanx agent {q(str(job))} --runs-dir {q(str(runs_dir))} "
-        '--rdzv "$rdzv_addr:$rdzv_port")',
+        'rdzv_addr=$(node_addr "$SLURMD_NODENAME")',
+        f"rdzv_port=$(( {low} + SLURM_JOB_ID % {high - low + 1} ))",
+        "# each step's task takes the CPUs the node has in the job: the fewest of any node (72(x2),64 -> 64)",
+        "step_cpus=$(echo \"$SLURM_JOB_CPUS_PER_NODE\" | tr ',' '\\n' | sed 's/(.*//' | sort -n | head -n1)",
+        f"agent=({q(opts.python or python)} -m phalanx agent {q(str(job))} --runs-dir {q(str(runs_dir))} "
+        f'--rdzv "$rdzv_addr:$rdzv_port" --on-node0-lost "{after_lost} $SLURM_JOB_ID")',
         'echo "phalanx: Slurm job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
-        'rendezvous $rdzv_addr:$rdzv_port"',
+        'rendezvous $rdzv_addr:$rdzv_port; each node logs to $node_log.<node>.out"',
         "",
-        "# Slurm's SIGTERM (scancel, the time limit) reaches every agent; node 0's stops the job with a checkpoint.",
-        "# This script waits for that instead of dying first, which would end the steps.",
+        "# Slurm's SIGTERM (scancel, preemption) reaches every agent; node 0's stops the job with a checkpoint.",
+        "# This script waits for that instead of dying first, which would end the steps. The warning Slurm sends",
+        "# slurm.stop_margin_s before the time limit (USR1) is passed on as that SIGTERM to the steps (srun itself",
+        "# would take a SIGTERM as an order to kill its step).",
+        "other_steps=",
+        "time_limit_near() {",
+        f'    echo "phalanx: the time limit is {spec.stop_margin_s} s away: stopping the job with a checkpoint"',
+        f'    touch {q(str(log.parent))}/time-limit-"$SLURM_JOB_ID"',
+        '    scancel --signal=TERM "$SLURM_JOB_ID"',
+        "}",
+        "trap time_limit_near USR1",
         "trap true TERM",
         f"{step} --nodes=1 --ntasks=1 --relative=0 {launch.format(rank=0)} &",
         "head_step=$!",
-    ]
-    if nodes > 1:
-        lines += [
-            f"{step} --nodes={nodes - 1} --ntasks={nodes - 1} --relative=1 "
-            + launch.format(rank="$((SLURM_PROCID + 1))")
-            + " &",
-            "other_steps=$!",
-        ]
-    lines += [
+        'if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then',
+        f"    {step} --nodes=$((SLURM_JOB_NUM_NODES - 1)) --ntasks=$((SLURM_JOB_NUM_NODES - 1)) --relative=1 "
+        + launch.format(rank="$((SLURM_PROCID + 1))")
+        + " &",
+        "    other_steps=$!",
+        "fi",
         'while kill -0 "$head_step" 2>/dev/null; do wait "$head_step"; done',
         'wait "$head_step"; code=$?',
+        "# The other agents end once they see the job's end; one that does not is stopped.",
+        f'for _ in $(seq {SETTLE_S + int(spec.resilience.node_timeout_s)}); do [ -n "$other_steps" ] && '
+        'kill -0 "$other_steps" 2>/dev/null || break; sleep 1; done',
+        '[ -n "$other_steps" ] && { kill "$other_steps" 2>/dev/null; wait "$other_steps"; }',
+        'exit "$code"',
+        "",
     ]
-    if nodes > 1:
-        lines += [
-            "# The other agents end once they see the job's end; one that does not is stopped.",
-            f'for _ in $(seq {SETTLE_S + int(spec.resilience.node_timeout_s)}); do kill -0 "$other_steps" '
-            "2>/dev/null || break; sleep 1; done",
-            'kill "$other_steps" 2>/dev/null; wait "$other_steps"',
-        ]
-    lines += ['exit "$code"', ""]
     return "\n".join(lines)
+
+
+def node_log_shown(log: Path) -> str:
+    """Each node's log, beside the batch script's, as the docs and messages show it."""
+    return log.name.replace("%j", "<job id>").removesuffix(".out") + ".<node>.out"
 
 
 @dataclass(frozen=True)
@@ -287,7 +329,10 @@ class SlurmExecutor:
         result = run_dir / "result.json" if run_dir is not None else None
         if result is not None and result.is_file():
             ended = json.loads(result.read_text())
-            reason = ended["reason"] + (f" ({info.describe()})" if info.state != "COMPLETED" else "")
+            said = info.describe()
+            if (Path(handle["dir"]) / f"time-limit-{handle['job_id']}").is_file():  # the batch script's USR1 trap
+                said = "Slurm: its time limit was near (slurm.time_limit, warned slurm.stop_margin_s before)"
+            reason = ended["reason"] + (f" ({said})" if info.state != "COMPLETED" else "")
             return Status(Phase.EXITED, run_dir, ended["outcome"], ended["exit_code"], reason)
         return Status(Phase.LOST, run_dir, reason=f"{info.describe()}; the job left no result")
 
