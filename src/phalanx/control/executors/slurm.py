@@ -119,7 +119,12 @@ def render(
     node_log = q(str(log.parent / head)) + ('"$SLURM_JOB_ID"' + (q(tail) if tail else "") if "%j" in stem else "")
     after_lost = "scontrol requeue" if opts.requeue else "scancel"
     cpus = f"--cpus-per-task={opts.cpus_per_node}" if opts.cpus_per_node else '--cpus-per-task="$step_cpus"'
-    step = f"srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill {cpus}"
+    # No stdin and no output through srun: a task whose I/O goes through srun is killed by its slurmstepd the
+    # moment srun's connection drops (the batch host's processes killed), before it could requeue the job.
+    step = (
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill --input=none --output={q(str(log))} "
+        f"--open-mode=append {cpus}"
+    )
     launch = (
         'bash -c \'exec "$@" --node-rank {rank} --addr "$(node_addr "$SLURMD_NODENAME")" '
         '>> "$node_log.$SLURMD_NODENAME.out" 2>&1\' agent "${{agent[@]}}"'
