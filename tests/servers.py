@@ -236,12 +236,22 @@ class SlurmCluster:
         return found
 
     def strike(self, name: str, sig: int) -> list[int]:
-        """``sig`` to every process of node ``name`` (SIGSTOP: the machine frozen; SIGKILL: it crashed)."""
+        """``sig`` to every process of node ``name`` (SIGSTOP: the machine frozen; SIGKILL: it crashed). A crashed
+        machine's processes halt together, so all are stopped before any is killed, and children die before their
+        parents: killed one by one, the survivors would see the others die (srun's end cancels its step on every
+        node), and a dead parent would orphan a stopped process group, which the kernel wakes with SIGHUP."""
         pids = self.processes(name)
+        if sig == signal.SIGKILL:
+            self._signal(pids, signal.SIGSTOP)
+            pids = pids[::-1]
+        self._signal(pids, sig)
+        return pids
+
+    @staticmethod
+    def _signal(pids: list[int], sig: int) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        return pids
 
     def restart(self, name: str) -> None:
         """Node ``name`` rebooted: what is left of it killed, its slurmd started again, and back in service."""

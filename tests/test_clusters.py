@@ -237,7 +237,7 @@ def test_the_job_resumes_by_itself_when_its_batch_host_is_lost(
     struck = time.time()
     node0 = slurm.strike(batch_host, sig)
     try:  # requeued, held a while (cred_expire), started again on the nodes left, and trained to the end
-        _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+        _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
     finally:
         slurm.restart(batch_host)  # the machine rebooted at last: what was left of it killed, its slurmd back
     info = _info(slurm, job_id)
