@@ -11,11 +11,13 @@ install: $(STAMP)
 
 # torch is pinned and installed first and on its own: on a CPU machine pip takes the CPU build (never a
 # multi-GB CUDA build), on a CUDA machine the default build for the same version.
-$(STAMP): pyproject.toml
+# bench/gpu.sh's wheels, for this interpreter, go beside it: its CPU dry run (a test) reaches no registry.
+$(STAMP): pyproject.toml bench/gpu-wheels.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	PY=$(PY) bash bench/gpu_wheels.sh $(VENV)/gpu-wheels --here
 	touch $@
 
 demo: $(STAMP)

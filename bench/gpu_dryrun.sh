@@ -5,11 +5,16 @@
 # configuration parsed (its trainer needs CUDA), the attention kernels probed, the report written.
 #
 #     bash bench/gpu_dryrun.sh [--out report.md]
+#
+# WHEELS: a folder where they are already (`make install` downloads them into .venv/gpu-wheels, so that the
+# test reaches no registry); without it, they are downloaded into a temporary one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-WHEELS=$(mktemp -d)
-trap 'rm -rf "$WHEELS"' EXIT
-PY=$PY bash bench/gpu_wheels.sh "$WHEELS" --here
+if [ -z "${WHEELS:-}" ]; then
+  WHEELS=$(mktemp -d)
+  trap 'rm -rf "$WHEELS"' EXIT
+  PY=$PY bash bench/gpu_wheels.sh "$WHEELS" --here
+fi
 PY=$PY WHEELS=$WHEELS bash bench/gpu.sh --device cpu --preset llama-tiny --steps 4 --warmup 1 --batch 2 \
   --seq-len 64 --texts 50 "$@"

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import signal
@@ -9,14 +11,61 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import fsspec
 import pytest
 
-from servers import PhalanxServer, Postgres, free_port
+from servers import MARK, PhalanxServer, Postgres, alive, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+_tests = itertools.count()
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if f"{MARK}={mark}".encode() in environ.read_bytes().split(b"\0") and alive(int(environ.parent.name)):
+                found.append(int(environ.parent.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every process a test started, and all they started (supervisors, workers, agents, Slurm's tasks), is
+    gone when it ends, passed or failed: those still there 15 s after it are killed and fail it, named.
+    (Servers that fixtures share between tests started before it, without its mark.)"""
+    mark = f"{os.getpid()}.{next(_tests)}"
+    monkeypatch.setenv(MARK, mark)
+    yield
+    deadline = time.monotonic() + 15
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        names = {pid: _command(pid) for pid in left}
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"processes the test started outlived it (now killed): {names}", pytrace=False)
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    return "?"
+
+
+def unavailable(why: str) -> NoReturn:
+    """What a test needs (a server, a browser, a schema) is not on this machine: a skip here, but a failure in
+    CI (CI set), where .ci/run provides everything, so that green means that every test ran."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: .ci/run provides it)", pytrace=False)
+    pytest.skip(why)
 
 
 class Job:
@@ -46,15 +95,6 @@ class Job:
         return run
 
 
-def alive(pid: int) -> bool:
-    """The process exists and has not exited (a zombie, exited but not yet reaped by its parent, has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def wait_gone(pids: list[int], timeout: float = 60) -> None:
     """Wait until every one of ``pids`` has exited."""
     deadline = time.monotonic() + timeout
@@ -74,7 +114,7 @@ def postgres() -> Iterator[Postgres]:
     try:
         server = Postgres()
     except FileNotFoundError as e:
-        pytest.skip(str(e))
+        unavailable(str(e))
     yield server
     server.stop()
 
@@ -132,6 +172,8 @@ def server(tmp_path: Path) -> Iterator[PhalanxServer]:
     started = PhalanxServer(tmp_path, slots=2)
     yield started
     started.stop()
-    for pid_file in (tmp_path / "data" / "jobs").glob("*/attempt-*/pid"):
-        if alive(pid := int(pid_file.read_text())):
+    running = [pid for f in (tmp_path / "data" / "jobs").glob("*/attempt-*/pid") if alive(pid := int(f.read_text()))]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+    wait_gone(running, timeout=60)  # each checkpoints and stops (resilience.stop_grace_s, 30 s by default)

@@ -18,6 +18,23 @@ from pathlib import Path
 
 import httpx
 
+MARK = "PHALANX_TEST_MARK"  # in the environment of every process a test starts (tests/conftest.py)
+
+
+def shared_env() -> dict[str, str]:
+    """The environment of a server that tests share: without the mark of whichever test happened to start it,
+    since it is none of that test's processes."""
+    return {k: v for k, v in os.environ.items() if k != MARK}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie, exited but not yet reaped by its parent, has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,11 +59,12 @@ class Postgres:
             as_user = ["runuser", "-u", "postgres", "--"]
         data, self.port = self.root / "data", free_port()
         initdb = [str(bin_dir / "initdb"), "-D", str(data), "-U", "phalanx", "--auth=trust", "-E", "UTF8"]
-        subprocess.run([*as_user, *initdb], check=True, capture_output=True)
+        subprocess.run([*as_user, *initdb], check=True, capture_output=True, env=shared_env())
         options = f"-h 127.0.0.1 -p {self.port} -k {self.root} -c max_connections=300"
         self._pg_ctl = [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data)]
         log = str(self.root / "log")
-        subprocess.run([*self._pg_ctl, "-l", log, "-o", options, "-w", "start"], check=True, capture_output=True)
+        start = [*self._pg_ctl, "-l", log, "-o", options, "-w", "start"]
+        subprocess.run(start, check=True, capture_output=True, env=shared_env())
         self.url = f"postgresql+psycopg://phalanx@127.0.0.1:{self.port}/postgres"
 
     def database(self) -> str:
@@ -141,7 +159,7 @@ class SlurmCluster:
         subprocess.run(
             ["munged", "--force", "-S", str(munge), "--key-file", str(key), "--pid-file", str(self.root / "munged.pid"),
              "--log-file", str(self.root / "munged.log"), "--seed-file", str(self.root / "munged.seed")],
-            check=True, capture_output=True,
+            check=True, capture_output=True, env=shared_env(),
         )  # fmt: skip
         user = pwd.getpwuid(os.getuid()).pw_name
         host = socket.gethostname()
@@ -182,7 +200,7 @@ class SlurmCluster:
         ]
         self.conf = self.root / "slurm.conf"
         self.conf.write_text("\n".join(conf) + "\n")
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.env = {**shared_env(), "SLURM_CONF": str(self.conf)}
         (self.root / "spool").mkdir()
         try:
             subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, capture_output=True, env=self.env)
@@ -263,10 +281,21 @@ class SlurmCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
+        """Every job cancelled, every node's processes and the daemons gone, the directory removed."""
         subprocess.run(["scancel", "--full", "--user", pwd.getpwuid(os.getuid()).pw_name], env=self.env)
-        for pid_file in [*self.root.glob("slurmd-*.pid"), self.root / "slurmctld.pid", self.root / "munged.pid"]:
+        left: list[int] = []
+        for name in self.nodes:  # its slurmd, its steps and their tasks
             with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+                left += self.processes(name)
+        for pid_file in [self.root / "slurmctld.pid", self.root / "munged.pid"]:
+            with contextlib.suppress(OSError, ValueError):
+                left.append(int(pid_file.read_text()))
+        self._signal(left, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._signal([pid for pid in left if alive(pid)], signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class Prometheus:

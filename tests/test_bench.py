@@ -7,23 +7,27 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, unavailable
 
 sys.path.insert(0, str(REPO / "bench"))
 from _report import Ratio
 
 
 def test_gpu_benchmark_runs_its_steps_on_the_cpu(tmp_path) -> None:
-    """bench/gpu_dryrun.sh: the wheels fetched and installed beside the interpreter as on the GPU machine,
-    phalanx's side trained through `phalanx run` (bf16, compile, final checkpoint), torchtitan's data written
-    and its configuration built, the attention kernels probed, the report written."""
+    """bench/gpu_dryrun.sh: the wheels (`make install` fetched them) installed beside the interpreter as on the
+    GPU machine, phalanx's side trained through `phalanx run` (bf16, compile, final checkpoint), torchtitan's
+    data written and its configuration built, the attention kernels probed, the report written."""
+    wheels = Path(sys.prefix) / "gpu-wheels"
+    if not any(wheels.glob("*.whl")):
+        unavailable(f"no wheels in {wheels}: make install downloads them (bench/gpu_wheels.sh)")
     out = tmp_path / "gpu.md"
     result = subprocess.run(
         ["bash", "bench/gpu_dryrun.sh", "--out", str(out)],
-        env={**os.environ, "PY": sys.executable},
+        env={**os.environ, "PY": sys.executable, "WHEELS": str(wheels)},
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Job, alive, wait_gone
+from conftest import REPO, Job, alive, unavailable, wait_gone
 from phalanx.control.executors import Phase
 from phalanx.control.executors.slurm import SlurmExecutor, job_info, render
 from phalanx.obs import read_jsonl
@@ -32,7 +32,7 @@ def slurm() -> Iterator[SlurmCluster]:
     try:
         cluster = SlurmCluster(nodes=3)
     except FileNotFoundError as e:
-        pytest.skip(str(e))
+        unavailable(str(e))
     yield cluster
     cluster.stop()
 
@@ -313,7 +313,7 @@ def test_the_server_runs_jobs_on_slurm_and_cancel_is_scancel(slurm: SlurmCluster
     try:
         client = server.member("team", 6, "dana")
         done = client.submit(tiny("short", 8))["id"]
-        long = client.submit(tiny("long", 100_000))["id"]
+        long = client.submit(tiny("long", 100_000, every=100_000))["id"]  # no checkpoint but the emergency one
         assert wait_for(client, done, {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
         assert "all workers exited with code 0" in client.job(done)["reason"]
         running = wait_for(client, long, {"RUNNING"}, steps=6)
@@ -323,7 +323,9 @@ def test_the_server_runs_jobs_on_slurm_and_cancel_is_scancel(slurm: SlurmCluster
         cancelled = wait_for(client, long, {"CANCELLED"}, timeout=120)
         assert "stopped by SIGTERM" in cancelled["reason"]
         assert _info(slurm, slurm_id).state == "CANCELLED"  # scancel, not a signal
-        assert any(c["problem"] is None for c in client.checkpoints(long))  # it checkpointed on the way out
+        (stopped,) = [e for e in client.events(long)["events"] if e["kind"] == "preempted"]
+        saved = [(c["step"], c["problem"]) for c in client.checkpoints(long)]
+        assert saved == [(stopped["step"], None)] and stopped["step"] >= 6  # checkpointed on the way out
     finally:
         server.stop()
 

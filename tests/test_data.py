@@ -205,12 +205,24 @@ def test_prefetcher_resumes_from_its_state(shared: TokenSource) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_resume_position_costs_the_same_anywhere(shared: TokenSource) -> None:
-    source = shared
-    far = 10_000_000
-    batch = Prefetcher(source, 8, 0, 1, start_step=far)
-    assert np.array_equal(batch.next(), source.local_batch(far, 8, 0, 1))
-    batch.close()
+def test_resume_position_costs_the_same_anywhere(shared: TokenSource, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resuming at step 10 million reads what starting at step 0 reads: the batches of the steps it is asked
+    for, the rows of those batches and no others (a position is computed, never replayed)."""
+    dataset = shared.datasets[0]
+    asked: list[int] = []
+    rows: list[int] = []
+    monkeypatch.setattr(shared, "locate", lambda step, *a, f=shared.locate: asked.append(step) or f(step, *a))
+    monkeypatch.setattr(dataset, "samples", lambda i, n, f=dataset.samples: rows.append(len(i)) or f(i, n))
+    for start in (0, 10_000_000):
+        asked.clear()
+        rows.clear()
+        batch = Prefetcher(shared, 8, 0, 1, start_step=start)
+        got = batch.next()
+        batch.close()
+        assert asked == list(range(start, start + len(asked))) and 1 <= len(asked) <= 3  # depth 2 ahead, at most
+        assert rows == [8] * len(asked)  # each step's 8 rows, read at once
+    monkeypatch.undo()
+    assert np.array_equal(got, shared.local_batch(10_000_000, 8, 0, 1))
 
 
 def test_blend_matches_its_weights_and_is_deterministic() -> None:

@@ -263,14 +263,14 @@ def test_in_process_needs_the_recipe_one_node_and_two_ranks(resources: str, extr
 class _Odd:
     """A Stateful holding tensors a training state can have: 0-d, empty, bool, bf16, a strided view."""
 
-    def __init__(self, base: torch.Tensor):
+    def __init__(self, base: torch.Tensor, step: int = 7):
         self.tensors = {
             "scalar": base[0, 0].clone(),
             "empty": torch.empty(0, 3),
             "mask": base > 0,
             "bf16": base.to(torch.bfloat16),
             "transposed": base.t(),
-            "step": 7,
+            "step": step,
         }
 
     def state_dict(self) -> dict:
@@ -284,6 +284,12 @@ def _leaves(state: dict) -> list:
     return tree_flatten({k: copy.deepcopy(v.state_dict()) for k, v in state.items()})[0]
 
 
+def _same(a: object, b: object) -> bool:
+    if isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and torch.equal(a, b) and a.dtype == b.dtype
+    return type(a) is type(b) and a == b
+
+
 def test_a_memory_snapshot_restores_every_tensor_exactly_and_stays_unchanged() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
@@ -295,13 +301,20 @@ def test_a_memory_snapshot_restores_every_tensor_exactly_and_stays_unchanged() -
     kept = blob.clone()
     expected = _leaves(state)
 
+    # A target unlike the state in every value it can hold: other weights, moments, step counts and settings
     fresh = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
-    into = {"model": fresh, "optimizer": torch.optim.AdamW(fresh.parameters()), "odd": _Odd(torch.zeros(3, 4))}
+    other = torch.optim.AdamW(fresh.parameters(), lr=0.5, betas=(0.1, 0.2), eps=0.3, weight_decay=0.4)
+    for _ in range(2):
+        fresh(torch.randn(4, 5)).sum().backward()
+        other.step()
+    into = {"model": fresh, "optimizer": other, "odd": _Odd(torch.zeros(3, 4), step=0)}
+    differ = [b for a, b in zip(_leaves(into), expected, strict=True) if not _same(a, b)]
+    assert sum(not isinstance(b, torch.Tensor) for b in differ) >= 6  # lr, both betas, eps, weight decay, step
     restore(blob, into)
     restored = _leaves(into)
     assert len(restored) == len(expected)
     for a, b in zip(restored, expected, strict=True):  # bit for bit, dtype and shape included
-        assert (torch.equal(a, b) and a.dtype == b.dtype) if isinstance(b, torch.Tensor) else a == b
+        assert _same(a, b), (a, b)
     odd = into["odd"].tensors
     assert odd["transposed"].shape == (4, 3) and odd["mask"].dtype == torch.bool and odd["step"] == 7
     fresh[0].weight.data.add_(1)  # training on after a restore leaves the snapshot as it was

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, unavailable
 from phalanx.control.executors.kubernetes import KubernetesError, render, submit
 from phalanx.spec import parse_spec
 
@@ -25,7 +25,7 @@ CRD = Path(os.environ.get("PHALANX_JOBSET_CRD", REPO.parent / "shared" / "k8s" /
 @cache
 def jobset_validator() -> jsonschema.protocols.Validator:
     if not CRD.is_file():
-        pytest.skip(f"JobSet's CRD schema is not at {CRD}: set PHALANX_JOBSET_CRD to its file (shared/k8s/)")
+        unavailable(f"JobSet's CRD schema is not at {CRD}: set PHALANX_JOBSET_CRD to its file (shared/k8s/)")
     crd = yaml.safe_load(CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
     schema = version["schema"]["openAPIV3Schema"]
@@ -92,7 +92,7 @@ def test_rendered_jobset_satisfies_the_crd_schema(nodes: int, spares: int, devic
         assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == "shared-runs"
 
 
-def test_each_pod_runs_the_agent_of_its_index_and_the_others_find_node_0_by_its_dns_name() -> None:
+def test_each_pod_runs_the_agent_of_its_index_and_the_others_find_node_0_by_its_dns_name(tmp_path: Path) -> None:
     _, jobset = _render(_spec(2, 1))
     (container,) = _job(jobset)["template"]["spec"]["containers"]
     script = container["command"][2]
@@ -103,7 +103,7 @@ def test_each_pod_runs_the_agent_of_its_index_and_the_others_find_node_0_by_its_
     for rank, rdzv in (("0", "10.1.2.3:29400"), ("2", "llama-8b-run-node-0-0.llama-8b-run:29400")):
         shown = subprocess.run(
             ["/bin/sh", "-c", script],
-            env={"PHALANX_NODE_RANK": rank, "POD_IP": "10.1.2.3", "PATH": str(_echo_python())},
+            env={"PHALANX_NODE_RANK": rank, "POD_IP": "10.1.2.3", "PATH": str(_echo_python(tmp_path))},
             capture_output=True,
             text=True,
             check=True,
@@ -113,9 +113,8 @@ def test_each_pod_runs_the_agent_of_its_index_and_the_others_find_node_0_by_its_
         assert args == {"--rdzv": rdzv, "--node-rank": rank, "--addr": "10.1.2.3", "--runs-dir": "/phalanx/runs"}
 
 
-@cache
-def _echo_python() -> Path:
-    where = Path(__import__("tempfile").mkdtemp())
+def _echo_python(where: Path) -> Path:
+    """A folder with a `python` that prints its arguments."""
     (where / "python").write_text(f"#!{sys.executable}\nimport sys; print(' '.join(sys.argv[1:]))\n")
     (where / "python").chmod(0o755)
     return where

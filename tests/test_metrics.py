@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO
+from conftest import REPO, unavailable
 from servers import PhalanxServer, Prometheus
 from test_platform import tiny, wait_for
 
@@ -47,7 +46,7 @@ def test_prometheus_scrapes_a_jobs_series_and_its_restart(server: PhalanxServer,
     try:
         prometheus = Prometheus(tmp_path, f"127.0.0.1:{server.port}", token)
     except FileNotFoundError as e:
-        pytest.skip(str(e))
+        unavailable(str(e))
     try:
         job = client.submit(tiny("watched", 100_000, every=20))["id"]  # runs until cancelled
         wait_for(client, job, {"RUNNING"}, steps=25)  # a checkpoint (step 20) to restart from

@@ -317,8 +317,13 @@ def test_node_policy_replaces_then_excludes_then_shrinks() -> None:
 
 
 def test_liveness_finds_a_silent_side_within_the_timeout() -> None:
+    """A dead side's counter is read again and again, unchanged: that must not count as a beat."""
     watch = Liveness(5.0)
     watch.observe("a", 1, now=0.0)
     watch.observe("a", 2, now=BEAT_S)  # its last beat
-    assert watch.gone(now=BEAT_S + 5.0 - BEAT_S - 0.01) == []
-    assert watch.gone(now=BEAT_S + 5.0 - BEAT_S + 0.01) == ["a"]  # at most 5 s after it died (after its last beat)
+    watch.observe("b", 7, now=0.0)
+    for poll in range(1, 50):  # every side read each 0.1 s: a's counter stays at 2, b's keeps moving
+        watch.observe("a", 2, now=BEAT_S + poll * 0.1)
+        watch.observe("b", 7 + poll, now=poll * 0.1)
+    assert watch.gone(now=5.0 - 0.01) == []
+    assert watch.gone(now=5.0 + 0.01) == ["a"]  # at most 5 s after it died (after its last beat)

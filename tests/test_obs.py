@@ -83,14 +83,17 @@ def test_console_keeps_a_live_status_line_below_the_output() -> None:
 
 
 def _run_with_a_restart(tmp_path: Path) -> RunDir:
+    """A run of 10 steps over 20 s, by its clock: a second each; steps 4 and 5 run twice (rank 1 killed after
+    step 5, the restart from step 4's checkpoint), so 10 s are productive, 2 lost, and the rest is start-up,
+    the failure's detection, the recovery and the end."""
     run = RunDir.create(tmp_path, "t")
     events = EventLog(run.events)
     metrics = EventLog(run.metrics)
-    events.emit("run_started")
-    events.emit("attempt_started", attempt=0)
-    for step in range(6):
-        metrics.write(step=step, loss=5.0 - step * 0.5, step_time_s=0.1)
-    events.emit("worker_failed", rank=1)
+    events.emit("run_started", ts=0.0)
+    events.emit("attempt_started", attempt=0, ts=1.0)
+    for step in range(6):  # steps 0-5 end at t=3..8
+        metrics.write(step=step, loss=5.0 - step * 0.5, step_time_s=1.0, ts=3.0 + step)
+    events.emit("worker_failed", rank=1, ts=9.0)
     events.emit(
         "restart_scheduled",
         restart=1,
@@ -98,15 +101,30 @@ def _run_with_a_restart(tmp_path: Path) -> RunDir:
         failure="infrastructure",
         cause="killed by SIGKILL",
         reason="rank 1 was killed by SIGKILL after step 5",
+        ts=9.5,
     )
-    events.emit("attempt_started", attempt=1)
-    for step in range(4, 10):
-        metrics.write(step=step, loss=3.0 - step * 0.1, step_time_s=0.1)
+    events.emit("attempt_started", attempt=1, ts=10.0)
+    for step in range(4, 10):  # steps 4-9 again, ending at t=12..17
+        metrics.write(step=step, loss=3.0 - step * 0.1, step_time_s=1.0, ts=8.0 + step)
         if step == 7:
-            events.emit("bad_step_skipped", step=8, loss=float("nan"), problem="loss is nan", policy="skip")
-    events.emit("run_finished")
+            events.emit("bad_step_skipped", step=8, loss=float("nan"), problem="loss is nan", policy="skip", ts=15.5)
+    events.emit("run_finished", ts=20.0)
     run.result.write_text(json.dumps({"outcome": "succeeded", "exit_code": 0, "reason": "all workers exited"}))
     return run
+
+
+def test_the_ledger_accounts_for_every_second(tmp_path: Path) -> None:
+    ledger = write_ledger(_run_with_a_restart(tmp_path))
+    assert ledger.wall_s == 20.0 and ledger.goodput == 0.5
+    assert ledger.seconds == {
+        "productive": 10.0,  # steps 0-3 of the first attempt, 4-9 of the second
+        "lost": 2.0,  # steps 4 and 5 of the first attempt, redone
+        "checkpoint": 0.0,
+        "data": 0.0,
+        "detection": 1.0,  # from the last step (t=8) to the failure seen (t=9)
+        "recovery": 2.0,  # then to the second attempt's first step's start (t=11)
+        "idle": 5.0,  # the first attempt's start-up (t=0..2), the end after the last step (t=17..20)
+    }
 
 
 def test_summary_says_the_outcome_each_restart_and_the_goodput(tmp_path: Path) -> None:
@@ -120,7 +138,7 @@ def test_summary_says_the_outcome_each_restart_and_the_goodput(tmp_path: Path) -
     assert "succeeded (exit code 0): all workers exited" in said
     assert "steps      10 of 10, last loss 2.1000" in said
     assert "restarts   1:\n" in said and "1. rank 1 was killed by SIGKILL after step 5 (infrastructure)" in said
-    assert f"goodput    {ledger.goodput:.1%} of" in said
+    assert "goodput    50.0% of 20.0 s: productive 10.0 s, lost 2.0 s, detection 1.0 s, recovery 2.0 s, idle" in said
     assert f"loss curve {run.root / 'loss.png'}" in said
 
 
