@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from phalanx.spec import JobSpec
+from phalanx.cli.checked import load_checked
 
 err = Console(stderr=True, soft_wrap=True)
 JOB = typer.Argument(..., help="the job spec (YAML)", dir_okay=False)
@@ -21,18 +21,12 @@ k8s_app = typer.Typer(no_args_is_help=True, help="Run jobs on Kubernetes as a Jo
 PARTITION = typer.Option(None, help="the partition, when the spec's slurm.partition names none")
 
 
-def _load(job: Path) -> JobSpec:
-    from phalanx.cli.main import _load as load  # checked as `phalanx run` checks it
-
-    return load(job)
-
-
 @slurm_app.command("render")
 def slurm_render(job: Path = JOB, runs_dir: Path = RUNS_DIR, partition: str | None = PARTITION) -> None:
     """Print the sbatch script that runs JOB (from this directory; its runs go under --runs-dir)."""
     from phalanx.control.executors.slurm import render
 
-    spec = _load(job)
+    spec = load_checked(job)
     log = runs_dir.absolute() / ".slurm" / f"{spec.name}-%j.out"
     print(render(spec, job.absolute(), runs_dir.absolute(), Path.cwd(), log, partition), end="")
 
@@ -43,7 +37,7 @@ def slurm_submit(job: Path = JOB, runs_dir: Path = RUNS_DIR, partition: str | No
     filesystem, found again from any directory)."""
     from phalanx.control.executors.slurm import SlurmError, submit
 
-    spec = _load(job)
+    spec = load_checked(job)
     where = runs_dir.absolute() / ".slurm" / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         done = submit(job.read_text(), where, Path.cwd(), runs_dir, partition, source=str(job))
@@ -65,7 +59,7 @@ def k8s_render(job: Path = JOB) -> None:
     """Print the job as Kubernetes manifests: a ConfigMap with its spec and a JobSet."""
     from phalanx.control.executors.kubernetes import KubernetesError, render, to_yaml
 
-    spec = _load(job)
+    spec = load_checked(job)
     try:
         print(to_yaml(render(spec, job.read_text())), end="")
     except KubernetesError as e:
@@ -81,7 +75,7 @@ def k8s_submit(
     """Create the ConfigMap and the JobSet through the Kubernetes API (kubeconfig, or in-cluster)."""
     from phalanx.control.executors.kubernetes import KubernetesError, render, submit
 
-    spec = _load(job)
+    spec = load_checked(job)
     try:
         names = submit(render(spec, job.read_text()), context)
     except KubernetesError as e:

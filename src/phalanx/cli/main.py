@@ -12,9 +12,10 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from phalanx.cli import clusters, platform
+from phalanx.cli.checked import load_checked
 from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE
 from phalanx.resilience.simulate import STRATEGIES, Costs, goodput_table, scope_shares
-from phalanx.spec import JobSpec, SpecError, dump_spec, load_spec
+from phalanx.spec import dump_spec
 
 if TYPE_CHECKING:
     from phalanx.checkpoint import CheckpointDir
@@ -26,26 +27,10 @@ stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 10_000) 
 JOB = typer.Argument(..., help="the job spec (YAML)", exists=False, dir_okay=False)
 
 
-def _load(path: Path) -> JobSpec:
-    """The spec, checked in full (against the recipe's model, the datasets, the command: launch/preflight.py),
-    or exit 2 with every issue."""
-    from phalanx.launch.preflight import preflight
-
-    try:
-        spec = load_spec(path)
-        preflight(spec)
-        return spec
-    except SpecError as e:
-        err.print(f"[bold red]invalid job spec[/] {e.source}:")
-        for issue in e.issues:
-            err.print(f"  [red]-[/] [bold]{issue.path or '(file)'}[/]: {issue.message}", highlight=False)
-        raise typer.Exit(2) from None
-
-
 @app.command()
 def validate(job: Path = JOB) -> None:
     """Print the resolved spec (defaults filled in), or every error in it; exit 2 on errors."""
-    spec = _load(job)
+    spec = load_checked(job)
     stdout.print(Syntax(dump_spec(spec), "yaml", background_color="default"))
     if spec.parallel:
         p = spec.parallel
@@ -80,7 +65,7 @@ def run(
     """Run a job on this machine under a supervisor; the exit code says how it ended (0 succeeded)."""
     from phalanx.launch import LaunchError, Supervisor
 
-    spec = _load(job)
+    spec = load_checked(job)
     if local_nodes:
         from phalanx.launch.local_nodes import run_local_nodes
 
@@ -121,7 +106,7 @@ def agent(
     from phalanx.launch.rendezvous import host_store
     from phalanx.launch.supervisor import STORE_TIMEOUT_S
 
-    spec = _load(job)
+    spec = load_checked(job)
     host, _, port = rdzv.rpartition(":")
     if not host or not port.isdigit():
         err.print(f"[bold red]--rdzv {rdzv}[/]: give HOST:PORT, e.g. 10.0.0.1:29400", highlight=False)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.launch.workers import die_with_parent
+from phalanx.launch.lifetime import die_with_parent
 from phalanx.spec import JobSpec
 
 POLL_S = 0.1

@@ -11,7 +11,6 @@ checkpoints beside the next attempt.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import signal
@@ -24,17 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from phalanx.launch.lifetime import die_with_parent
+
 if TYPE_CHECKING:
     from phalanx.launch.zygote import Forked
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent: int) -> None:
-    """In the forked child, before exec: SIGKILL this process when the thread that started it ends."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent was already gone before the signal was armed
-        os._exit(1)
 
 
 @dataclass

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import IO, Generic, TypeVar
 
 from phalanx.launch import priority
-from phalanx.launch.workers import die_with_parent
+from phalanx.launch.lifetime import die_with_parent
 
 MESSAGE = 1 << 20  # the largest message: an environment
 Tag = TypeVar("Tag")

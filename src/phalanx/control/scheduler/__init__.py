@@ -3,11 +3,11 @@ the control plane and the trace simulator run the same decisions."""
 
 from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
-from phalanx.control.scheduler.jobs import Admit, Job, Policy, Preempt, Round, Run, Tenant, Wait
+from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.policy import Phalanx
 from phalanx.control.scheduler.predict import DurationPredictor
-from phalanx.control.scheduler.state import Queue, State, Usage
+from phalanx.control.scheduler.state import Policy, Queue, State, Usage
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Phalanx, Fifo, KueueLike, TiresiasLike)}
 

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
-
-if TYPE_CHECKING:
-    from phalanx.control.scheduler.state import State
 
 
 @dataclass(frozen=True)
@@ -112,13 +108,3 @@ class Round:
 
     def why(self, job: str) -> Wait:
         return self.waits.get(job) or Wait(job, "behind", self.otherwise)
-
-
-class Policy(Protocol):
-    """A scheduling policy: the order its queue keeps (a key fixed when a job is queued) and a round."""
-
-    name: ClassVar[str]
-
-    def key(self, job: Job) -> tuple: ...
-
-    def schedule(self, state: State, now: float) -> Round: ...

@@ -9,9 +9,10 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from typing import ClassVar, Protocol
 
 from phalanx.control.scheduler.cluster import Cluster
-from phalanx.control.scheduler.jobs import Job, Run, Tenant
+from phalanx.control.scheduler.jobs import Job, Round, Run, Tenant
 
 
 class Queue:
@@ -178,3 +179,13 @@ class State:
     def _hold(self, tenant: str, gpus: int, now: float) -> None:
         self.held[tenant] += gpus
         self.usage.change(tenant, now, self.held[tenant])
+
+
+class Policy(Protocol):
+    """A scheduling policy: the order its queue keeps (a key fixed when a job is queued) and a round."""
+
+    name: ClassVar[str]
+
+    def key(self, job: Job) -> tuple: ...
+
+    def schedule(self, state: State, now: float) -> Round: ...

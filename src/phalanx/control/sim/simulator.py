@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phalanx.control.scheduler.cluster import Cluster, Node
-from phalanx.control.scheduler.jobs import Job, Policy, Tenant
+from phalanx.control.scheduler.jobs import Job, Tenant
 from phalanx.control.scheduler.predict import DurationPredictor
-from phalanx.control.scheduler.state import Queue, State
+from phalanx.control.scheduler.state import Policy, Queue, State
 from phalanx.control.sim.trace import TraceJob
 
 
