@@ -132,6 +132,7 @@ class Trainer:
         self._checkpoint_s = 0.0
         self._last_step_end: float | None = None
         self._step_times: deque[float] = deque(maxlen=20)  # recent steps' wall times, for every_steps: auto
+        self._interval_chosen = False  # every_steps: auto has chosen from measured costs (said once, then changes)
         # The run's start, for the hours a failure rate is measured over (every_steps: auto).
         self._run_started = (ctx.run_dir.started_at() if ctx.run_dir is not None else None) or time.time()
         self._build(weights=ctx.generation == 0)
@@ -380,10 +381,10 @@ class Trainer:
         cost, step_s, run_s = figures.tolist()
         prior = resilience.mtbf_hours or default_mtbf_hours(world)
         chosen = choose(cost, step_s, prior, self.ctx.attempt + self.ctx.generation, run_s / 3600)
-        if chosen.steps != self.checkpoints.every:
+        if chosen.steps != self.checkpoints.every or not self._interval_chosen:  # the first even if it is 10
             self._say(chosen.why())
             self.ctx.event("checkpoint_interval", **dataclasses.asdict(chosen))
-        self.checkpoints.every = chosen.steps
+        self.checkpoints.every, self._interval_chosen = chosen.steps, True
 
     def _recover(self, error: RuntimeError) -> None:
         """A peer died in a collective: wait for the supervisor's recovery (a warm spare in its place), join
