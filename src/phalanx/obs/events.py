@@ -4,6 +4,7 @@ happen, so a crash loses nothing already written."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -44,3 +45,27 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 return  # the last line, still being written by its process: not there yet
             if line.strip():
                 yield json.loads(line)
+
+
+def read_jsonl_from(path: str | Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The complete records after byte ``offset`` of a JSON-lines file, and the offset after them: a reader that
+    follows a growing file reads each record once. A file not there yet has none; one shorter than ``offset``
+    was replaced, and is read from its start."""
+    records = []
+    try:
+        size = os.stat(path).st_size
+        if size == offset:
+            return records, offset  # nothing new: the common case, without opening the file
+        with Path(path).open("rb") as f:
+            if size < offset:
+                offset = 0
+            f.seek(offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # still being written
+                offset += len(line)
+                if line.strip():
+                    records.append(json.loads(line))
+    except FileNotFoundError:
+        pass
+    return records, offset

@@ -1,6 +1,7 @@
 """The scheduling core: pure functions and plain data, no I/O and no clock (the caller passes time in), so that
 the control plane and the trace simulator run the same decisions."""
 
+from phalanx.control.scheduler.actuate import Actuator, apply
 from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
@@ -13,6 +14,7 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Phalanx, Fifo, KueueLik
 
 __all__ = [
     "POLICIES",
+    "Actuator",
     "Admit",
     "Cluster",
     "DurationPredictor",
@@ -32,5 +34,6 @@ __all__ = [
     "TiresiasLike",
     "Usage",
     "Wait",
+    "apply",
     "place",
 ]

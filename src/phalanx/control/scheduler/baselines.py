@@ -3,10 +3,12 @@
 - ``Fifo``: one queue in submit order; the head waits for room and everything waits behind it.
 - ``KueueLike``: Kueue's BestEffortFIFO ClusterQueues (a job that cannot start is passed over), cohort
   borrowing (jobs within their quota first), classic preemption (reclaim from borrowers and lower priority;
-  victims the lowest priority, then the most recently admitted), killed at once, no cycle guard.
+  victims the lowest priority, then the most recently admitted), no cycle guard.
 - ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19): two queues by attained GPU-time,
   first come first served within a queue, a job starved for ``promote_knob`` times its last run promoted back
-  to the first queue; a waiting job of a better queue preempts (kills) running jobs of worse ones. No quotas.
+  to the first queue; a waiting job of a better queue preempts running jobs of worse ones. No quotas.
+
+Each preempts the way the runtime lets any policy: its victims checkpoint on SIGTERM, then leave.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class KueueLike:
         for job in blocked[: self.plans_per_round]:
             victims = work.victims(job, work.preemptible(job, order))
             if victims:
-                work.preempt(victims, job, lambda run: "classic preemption", checkpoint_first=False)
+                work.preempt(victims, job, lambda run: "classic preemption")
         return work.round
 
 
@@ -106,6 +108,6 @@ class TiresiasLike:
                 order = sorted(worse, key=lambda run: (-run.job.submitted, run.id))  # the latest comer first
                 if victims := work.victims(job, order):
                     plans += 1
-                    work.preempt(victims, job, lambda run: "2D-LAS: a job of the first queue", False)
+                    work.preempt(victims, job, lambda run: "2D-LAS: a job of the first queue")
                     worse = [run for run in worse if run.id not in work.leaving]
         return work.round

@@ -76,13 +76,13 @@ class Admit:
 
 @dataclass(frozen=True)
 class Preempt:
-    """Make room for ``for_job``. ``checkpoint_first``: ask the victim to checkpoint and evict it when the
-    checkpoint commits or the grace period ends; otherwise evict now, losing the work since its last one."""
+    """Make room for ``for_job``: the victim is asked to checkpoint and leave (SIGTERM), and leaves when the
+    checkpoint commits or the grace period ends. Every policy preempts this way: checkpoint-on-SIGTERM is the
+    runtime's, so any policy running on phalanx gets it."""
 
     job: str
     for_job: str
     reason: str
-    checkpoint_first: bool
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ class Phalanx:
 
     def schedule(self, state: State, now: float) -> Round:
         work = Work(state, now)
-        for job_id in state.first:
-            self._try(work, state.queue.jobs[job_id], work.cluster)
+        for job in sorted((state.queue.jobs[j] for j in state.first), key=lambda job: (*self.key(job), job.id)):
+            self._try(work, job, work.cluster)  # in queue order, whatever order their victims left in
         for victim in sorted(state.leaving):
             job_id = state.running[victim].evicting_for
             if job_id in state.queue.jobs and not work.seen(state.queue.jobs[job_id]):
@@ -150,7 +150,7 @@ class Phalanx:
             victims = work.victims(job, candidates) if candidates else None
             if not victims:
                 continue
-            work.preempt(victims, job, lambda run, job=job: self._why(work, job, run), checkpoint_first=True)
+            work.preempt(victims, job, lambda run, job=job: self._why(work, job, run))
             names = ", ".join(run.id for run in victims)
             work.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)
 

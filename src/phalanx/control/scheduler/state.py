@@ -150,14 +150,14 @@ class State:
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run
 
-    def requeue(self, job_id: str, now: float) -> Job:
-        """Evict a running job and queue it again, keeping its submit time (its place in line), counting the
-        preemption and by whom."""
+    def requeue(self, job_id: str, now: float, preempted: bool = True) -> Job:
+        """A running job left and is queued again, keeping its submit time (its place in line). A preemption is
+        counted, and by whom; a run lost or stopped from outside (``preempted`` False) is not."""
         run = self.stop(job_id, now)
-        by = run.evicting_for
+        by = run.evicting_for if preempted else None
         job = replace(
             run.job,
-            preemptions=run.job.preemptions + 1,
+            preemptions=run.job.preemptions + preempted,
             preempted_by=run.job.preempted_by | ({by} if by else set()),
             attained_gpu_s=run.job.attained_gpu_s + run.job.gpus * (now - run.started),
             queued_at=now,
@@ -167,6 +167,11 @@ class State:
         if by in self.queue.jobs and not any(self.running[r].evicting_for == by for r in self.leaving):
             self.first[by] = None  # its last victim has left
         return job
+
+    def withdraw(self, job_id: str) -> Job:
+        """A pending job leaves the queue for good (cancelled)."""
+        self.first.pop(job_id, None)
+        return self.queue.remove(job_id)
 
     def _index(self, run: Run, add: bool) -> None:
         runs = self._by_checkpoint.setdefault(run.job.gpus, [])

@@ -220,7 +220,7 @@ class Work:
                 offered += victim.gpus
         return chosen
 
-    def preempt(self, victims: list[Run], job: Job, reason: Callable[[Run], str], checkpoint_first: bool) -> None:
+    def preempt(self, victims: list[Run], job: Job, reason: Callable[[Run], str]) -> None:
         for run in victims:
             self.leaving.add(run.id)
-            self.round.preempt.append(Preempt(run.id, job.id, reason(run), checkpoint_first))
+            self.round.preempt.append(Preempt(run.id, job.id, reason(run)))

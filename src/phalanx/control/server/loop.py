@@ -1,10 +1,12 @@
-"""The control loop: read the store, ask the scheduling core for a round, commit its decisions in one
-transaction, then act on the executor. No transaction or lock is held while the executor acts or while a
-run directory is read (on Slurm, an action is a subprocess that may take a minute): each step reads what it
-needs in a short transaction, acts with none open, then records what happened in another, checking that the
-job is still where it was. Executor actions are keyed by (job, attempt), so whatever a crash interrupts is
-repaired by the next loop: an admitted job is started (or found started), a running job's end is noticed
-from what its run directory says, a stop that was asked for is delivered once."""
+"""The control loop: keep the scheduler's cache current (cache.py: the API's changes from the store, the
+executor's news and each run's committed checkpoints), run a round on it, record its decisions through
+``apply`` in one transaction, as the simulator applies its own, then act on the executor. No transaction or
+lock is held while the executor acts or while a run directory is read (on Slurm, an action is a subprocess
+that may take a minute): each step reads what it needs in a short transaction, acts with none open, then
+records what happened in another, checking that the job is still where it was. Executor actions are keyed by
+(job, attempt), so whatever a crash interrupts is repaired by the next loop: an admitted job is started (or
+found started), a running job's end is noticed from what its run directory says, a stop that was asked for
+is delivered once."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import logging
 import signal
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,9 @@ from sqlalchemy.orm import Session
 from phalanx.checkpoint import CheckpointDir
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, Launch, Phase, Status
-from phalanx.control.server.lifecycle import ACTIVE, S, move
-from phalanx.control.store import Execution, Job, Store, Tenant
+from phalanx.control.server.cache import Cache, Stale
+from phalanx.control.server.lifecycle import S, move
+from phalanx.control.store import Execution, Job, Store
 from phalanx.obs.events import read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
@@ -33,11 +35,6 @@ from phalanx.spec import parse_spec
 log = logging.getLogger("phalanx.server")
 MAX_LOST = 3  # executions lost (their process gone without a result) before the job is failed
 MIN_ROUND_GAP_S = 0.2  # a burst of submissions makes one round, not one each
-# What a round reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
-_QUEUED = (
-    Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
-    Job.preemptions, Job.preempted_by, Job.reason,
-)  # fmt: skip
 
 
 class Controller:
@@ -52,7 +49,8 @@ class Controller:
     ):
         self.store, self.executor = store, executor
         self.policy = policy or core.Phalanx()
-        self.tick_s, self.half_life_s, self.clock = tick_s, half_life_s, clock
+        self.tick_s, self.clock = tick_s, clock
+        self.cache = Cache(self.policy, half_life_s)
         self.wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -88,59 +86,97 @@ class Controller:
             self._stopping.wait(max(0.0, began + max(MIN_ROUND_GAP_S, 4 * took) - time.monotonic()))
 
     def tick(self) -> None:
+        """One round, in the simulator's order for one moment: what the API changed (submissions first), what
+        ended and what checkpointed, then the scheduling round and its actions. Whatever fails, the cache is
+        rebuilt from the store on the next tick."""
         now = self.clock()
-        self._reconcile(now)
-        self._schedule(now)
-        self._start_admitted()
+        try:
+            self._refresh(now)
+            self._reconcile(now)
+            self._schedule(now)
+            self._start_admitted()
+        except Exception:
+            self.cache.state = None
+            raise
         self._deliver_stops()
+
+    def _refresh(self, now: float) -> None:
+        nodes = self.executor.capacity()  # on Slurm, sinfo (cached): asked with no transaction open
+        with self.store.read() as s:
+            if self.cache.state is not None and nodes == self.cache.nodes:
+                try:
+                    self.cache.sync(s)
+                    return
+                except Stale as e:
+                    log.info("rebuilding the scheduler's cache: %s", e)
+            self.cache.load(s, nodes, now)
 
     # --- 1: what the executor says about running jobs
     def _reconcile(self, now: float) -> None:
-        """Ask the executor about each running job, and read what an ended one left, with no transaction open;
-        then record it all in one short one."""
+        """Ask the executor about each running job, and read what its run directory says (checkpoints
+        committed, and what an ended run left), with no transaction open; then record it all in one short
+        one, and in the cache."""
         with self.store.read() as s:
-            running = s.scalars(select(Job).where(Job.state == S.RUNNING)).all()
-        seen = []
-        for job in running:
+            running = s.execute(
+                select(Job, Execution)
+                .join(Execution, (Execution.job == Job.seq) & (Execution.attempt == Job.attempt))
+                .where(Job.state == S.RUNNING)
+            ).all()
+        news, checkpointed = [], {}
+        for job, execution in running:
             try:
-                seen.append((job, self._observe(job)))
+                seen = self._observe(job, execution.run_dir)
             except Exception:  # one job's executor trouble must not stop the others being seen
                 log.exception("could not ask the %s executor about job %s", self.executor.name, job.id)
-        if not seen:
-            return
-        with self.store.write() as s:
-            for before, seen_now in seen:
-                job = s.scalar(
-                    select(Job).where(Job.id == before.id, Job.state == S.RUNNING, Job.attempt == before.attempt)
-                )
-                if job is None:
-                    continue
-                status = seen_now.status
-                execution = _execution(s, job)
-                if status.run_dir is not None:
-                    execution.run_dir = str(status.run_dir)
-                if status.phase is not Phase.RUNNING:
-                    self._ended(s, job, execution, seen_now, now)
-                elif status.reason and not (job.cancel_requested or job.evicting_for) and job.reason != status.reason:
-                    # what the cluster says of it: pending in its queue, running where, requeued
-                    job.reason = status.reason
+                continue
+            if seen.checkpoints:
+                checkpointed[job.id] = seen.checkpoints[-1]
+            if seen.news(job, execution):
+                news.append((job, seen))
+        ends = []
+        if news:
+            with self.store.write() as s:
+                for before, seen in news:
+                    job = s.scalar(
+                        select(Job).where(Job.id == before.id, Job.state == S.RUNNING, Job.attempt == before.attempt)
+                    )
+                    if job is None:
+                        continue
+                    status, execution = seen.status, _execution(s, job)
+                    if status.run_dir is not None:
+                        execution.run_dir = str(status.run_dir)
+                    if status.phase is not Phase.RUNNING:
+                        ends.append(self._ended(s, job, execution, seen, now))
+                        self.cache.read_to.pop(execution.run_dir, None)
+                    elif seen.says_more(job):
+                        job.reason = status.reason
+        self.cache.ended(ends, now)
+        state = self.cache.state
+        for job_id, at in checkpointed.items():
+            if job_id in state.running and at > state.running[job_id].last_checkpoint:
+                state.checkpointed(job_id, at)
 
-    def _observe(self, job: Job) -> Observed:
+    def _observe(self, job: Job, run_dir: str | None) -> Observed:
         status = self.executor.status(job.handle)
+        run_dir = str(status.run_dir) if status.run_dir is not None else run_dir
+        checkpoints = self.cache.checkpoints(run_dir) if run_dir is not None else []
         if status.phase is Phase.RUNNING:
-            return Observed(status)
+            return Observed(status, checkpoints)
         productive_s = None
         if status.run_dir is not None and (status.run_dir / "events.jsonl").is_file():
             productive_s = ledger(RunDir(status.run_dir)).seconds["productive"]
-        return Observed(status, productive_s, _newest_checkpoint(job))
+        return Observed(status, checkpoints, productive_s, _newest_checkpoint(job))
 
-    def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> None:
+    def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> tuple:
+        """Record the end of the job's execution; returns it for the cache: (job, how, held seconds, cause)."""
         status = seen.status
         execution.ended_at, execution.outcome = now, status.outcome or "lost"
         execution.productive_s = seen.productive_s
         job.handle, job.placement = None, None
+        how = "gone"
         if status.phase is Phase.EXITED and status.outcome == "succeeded":
             move(s, job, S.SUCCEEDED, status.reason, now)
+            how = "finished"
         elif status.phase is Phase.EXITED and status.outcome == "failed":
             move(s, job, S.FAILED, status.reason, now)
         elif job.cancel_requested:
@@ -148,11 +184,13 @@ class Controller:
         elif status.phase is Phase.EXITED:  # stopped by a signal: asked to make room, or from outside
             step = seen.checkpoint_step
             resume = f"it resumes from the checkpoint of step {step}" if step is not None else "no checkpoint yet"
+            how = "requeued"
             if job.evicting_for is not None:
                 move(s, job, S.PREEMPTED, f"{job.reason}; stopped with its checkpoint committed ({resume})", now)
                 job.preemptions += 1
                 job.preempted_by = sorted({*job.preempted_by, job.evicting_for})
                 self._requeue(s, job, f"requeued after preemption; {resume}", now)
+                how = "preempted"
             else:
                 self._requeue(s, job, f"{status.reason} outside the server; requeued, {resume}", now)
         else:  # lost
@@ -161,6 +199,9 @@ class Controller:
                 move(s, job, S.FAILED, f"lost {lost} times; the last: {status.reason}", now)
             else:
                 self._requeue(s, job, f"execution lost ({status.reason}); requeued", now)
+                how = "requeued"
+        held_s = s.scalar(select(func.sum(Execution.ended_at - Execution.started_at)).where(Execution.job == job.seq))
+        return job.id, how, float(held_s or 0.0), job.reason
 
     def _requeue(self, s: Session, job: Job, cause: str, now: float) -> None:
         move(s, job, S.PENDING, cause, now)
@@ -168,93 +209,28 @@ class Controller:
 
     # --- 2: one scheduling round
     def _schedule(self, now: float) -> None:
-        """Decide on a snapshot, outside the write lock (a round over a long queue takes a while and submissions
-        go on meanwhile), then apply what still holds: only this loop admits and preempts, so the capacity
-        it counted can only have grown; a job cancelled since the snapshot is left alone."""
-        cluster = core.Cluster(self.executor.capacity())  # on Slurm, sinfo (cached): asked with no transaction open
-        with self.store.read() as s:
-            active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
-            pending = s.execute(select(*_QUEUED).where(Job.state == S.PENDING).order_by(Job.seq)).all()
-            state = self._state(s, cluster, active, pending, now)
+        """A round on the cache, with no transaction open; then ``apply`` records its decisions in one
+        transaction (the store is the executor's to-do list: an admitted job is started, a victim signalled,
+        after the commit), with each pending job's reason where it changed. A job cancelled since the cache
+        was synced is left alone."""
+        state = self.cache.state
         decided = self.policy.schedule(state, now)
-        admitted = {a.job for a in decided.admit}
-        reasons = {}
-        for job in pending:
-            if job.id not in admitted:
+        with self.store.write() as s:
+            core.apply(decided, state, _Recorder(s), now)
+            reasons = {}
+            for job in state.queue:
                 why = decided.why(job.id)
                 text = f"{why.kind}: {why.reason}"  # stable across rounds: rewritten only when it changes
                 if why.estimated_start is not None:
                     text += f" (estimated start in {max(0.0, why.estimated_start - now):.0f} s)"
-                if job.reason != text:
-                    reasons[job.seq] = text
-        if not (decided.admit or decided.preempt or reasons):
-            return
-        with self.store.write() as s:
-            for admit in decided.admit:
-                job = s.scalar(select(Job).where(Job.id == admit.job, Job.state == S.PENDING))
-                if job is not None:
-                    job.placement, job.attempt = admit.placement, job.attempt + 1
-                    where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
-                    cause = f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else "")
-                    move(s, job, S.ADMITTED, cause, now)
-            for preempt in decided.preempt:
-                victim = s.scalar(select(Job).where(Job.id == preempt.job, Job.state == S.RUNNING))
-                if victim is not None and victim.evicting_for is None:
-                    victim.evicting_for = preempt.for_job
-                    victim.reason = f"preempted for {preempt.for_job}: {preempt.reason}"
-            if reasons:  # one statement for many rows (executemany), by primary key
+                if self.cache.reasons.get(job.id) != text:
+                    reasons[job.id] = self.cache.reasons[job.id] = text
+            if reasons:  # one statement for many rows (executemany)
                 jobs = Job.__table__
                 s.connection().execute(
-                    update(jobs).where(jobs.c.seq == bindparam("key"), jobs.c.state == S.PENDING),
-                    [{"key": seq, "reason": text} for seq, text in reasons.items()],
+                    update(jobs).where(jobs.c.id == bindparam("key"), jobs.c.state == S.PENDING),
+                    [{"key": job_id, "reason": text} for job_id, text in reasons.items()],
                 )
-
-    def _state(self, s: Session, cluster: core.Cluster, active, pending, now: float) -> core.State:
-        """The scheduler's view of the store: the cluster, the tenants, the running jobs where they run, the
-        queue, fair-share usage, and the jobs that take the room made for them first."""
-        tenants = [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in s.scalars(select(Tenant))]
-        state = core.State(cluster, tenants, core.Queue(self.policy.key), self.half_life_s)
-        predictor = self._predictor(s)
-        for job in active:
-            state.submit(_core_job(job, predictor))
-            started = _execution(s, job).started_at if job.state == S.RUNNING else now
-            state.start(job.id, job.placement, started)
-            if job.evicting_for is not None or job.cancel_requested:
-                state.ask_to_evict(job.id, job.evicting_for or "")
-        state.usage = self._usage(s, now)
-        for job in pending:
-            state.submit(_core_job(job, predictor))
-        state.first.update(dict.fromkeys(_room_made(active, pending)))
-        return state
-
-    def _predictor(self, s: Session) -> core.DurationPredictor:
-        """Durations of each tenant's finished jobs, from their executions (oldest first)."""
-        predictor = core.DurationPredictor()
-        rows = s.execute(
-            select(Job.tenant, Job.gpus, func.sum(Execution.ended_at - Execution.started_at))
-            .join(Execution, Execution.job == Job.seq)
-            .where(Job.state == S.SUCCEEDED)
-            .group_by(Job.seq, Job.tenant, Job.gpus)
-            .order_by(Job.seq.desc())
-            .limit(1000)
-        ).all()
-        for tenant, gpus, seconds in reversed(rows):
-            predictor.record(tenant, gpus, float(seconds or 0.0))
-        return predictor
-
-    def _usage(self, s: Session, now: float) -> core.Usage:
-        """Fair-share usage replayed from the executions of the last few half-lives."""
-        changes: list[tuple[float, str, int]] = []
-        horizon = now - 5 * self.half_life_s
-        for e in s.scalars(select(Execution).where(Execution.ended_at.is_(None) | (Execution.ended_at > horizon))):
-            changes.append((e.started_at, e.tenant, e.gpus))
-            if e.ended_at is not None:
-                changes.append((e.ended_at, e.tenant, -e.gpus))
-        usage, held = core.Usage(self.half_life_s), defaultdict(int)
-        for at, tenant, gpus in sorted(changes):
-            held[tenant] += gpus
-            usage.change(tenant, at, held[tenant])
-        return usage
 
     # --- 3: acting on the executor
     def _start_admitted(self) -> None:
@@ -263,6 +239,7 @@ class Controller:
         admitted, and starting its (job, attempt) again finds the execution already started."""
         with self.store.read() as s:
             admitted = s.scalars(select(Job).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
+        failed = []
         for job in admitted:
             spec = parse_spec(job.spec, source=f"job {job.id}")
             launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, spec.resources.nodes)
@@ -277,10 +254,13 @@ class Controller:
                     continue
                 if error is not None:
                     move(s, row, S.FAILED, f"the {self.executor.name} executor could not start it: {error}", now)
+                    failed.append((row.id, "gone", 0.0, row.reason))
                     continue
                 row.handle = handle
                 s.add(Execution(job=row.seq, tenant=row.tenant, attempt=row.attempt, gpus=row.gpus, started_at=now))
                 move(s, row, S.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)
+        if failed:
+            self.cache.ended(failed, self.clock())
 
     def _deliver_stops(self) -> None:
         """SIGTERM (checkpoint, then stop) to each running job asked to make room or to be cancelled, once:
@@ -307,12 +287,26 @@ class Controller:
 
 @dataclass(frozen=True)
 class Observed:
-    """What the loop found of a running job with no transaction open: its status and, once it ended, what its
-    run left (productive seconds, from its goodput ledger; the newest committed checkpoint)."""
+    """What the loop found of a running job with no transaction open: its status, when the checkpoints it
+    committed since the last look did, and once it ended, what its run left (productive seconds, from its
+    goodput ledger; the newest committed checkpoint's step)."""
 
     status: Status
+    checkpoints: list[float]
     productive_s: float | None = None
     checkpoint_step: int | None = None
+
+    def says_more(self, job: Job) -> bool:
+        """What the cluster says of a running job (pending in its queue, running where, requeued) is new, and
+        no stop the server asked for is being explained instead."""
+        reason = self.status.reason
+        return bool(reason) and not (job.cancel_requested or job.evicting_for) and job.reason != reason
+
+    def news(self, job: Job, execution: Execution) -> bool:
+        """Anything for the store: the run ended, its run directory is known, or the cluster says more."""
+        run_dir = self.status.run_dir
+        moved = run_dir is not None and str(run_dir) != execution.run_dir
+        return self.status.phase is not Phase.RUNNING or moved or self.says_more(job)
 
 
 def _execution(s: Session, job: Job) -> Execution:
@@ -321,30 +315,29 @@ def _execution(s: Session, job: Job) -> Execution:
     return found
 
 
-def _core_job(job: Job, predictor: core.DurationPredictor) -> core.Job:
-    return core.Job(
-        id=job.id,
-        tenant=job.tenant,
-        workers=job.workers,
-        per_worker=job.gpus // job.workers,
-        submitted=job.submitted_at,
-        priority=job.priority,
-        predicted_s=predictor.predict(job.tenant, job.gpus),
-        preemptions=job.preemptions,
-        preempted_by=frozenset(job.preempted_by),
-        queued_at=job.queued_at,
-    )
+class _Recorder:
+    """The server's actuator: a round's decisions written to the store, in the transaction ``apply`` runs in.
+    The executor acts on them after the commit (``_start_admitted``, ``_deliver_stops``)."""
 
+    def __init__(self, session: Session):
+        self.s = session
 
-def _room_made(active: list[Job], pending: list[Job]) -> list[str]:
-    """Pending jobs whose victims have all left since they were queued: they take the room made for them
-    (``State.first``), before jobs ahead of them in the queue take it back."""
-    leaving_for = {job.evicting_for for job in active}
-    requeued_for: dict[str, float] = {}
-    for job in pending:
-        for by in job.preempted_by:
-            requeued_for[by] = max(requeued_for.get(by, 0.0), job.queued_at)
-    return [job.id for job in pending if job.id not in leaving_for and requeued_for.get(job.id, -1.0) >= job.queued_at]
+    def admit(self, admit: core.Admit, now: float) -> bool:
+        job = self.s.scalar(select(Job).where(Job.id == admit.job, Job.state == S.PENDING))
+        if job is None:  # cancelled since the cache was synced
+            return False
+        job.placement, job.attempt = admit.placement, job.attempt + 1
+        where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
+        move(self.s, job, S.ADMITTED, f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else ""), now)
+        return True
+
+    def preempt(self, preempt: core.Preempt, now: float) -> bool:
+        victim = self.s.scalar(select(Job).where(Job.id == preempt.job, Job.state == S.RUNNING))
+        if victim is None or victim.evicting_for is not None:
+            return False
+        victim.evicting_for = preempt.for_job
+        victim.reason = f"preempted for {preempt.for_job}: {preempt.reason}"
+        return True
 
 
 def _newest_checkpoint(job: Job) -> int | None:

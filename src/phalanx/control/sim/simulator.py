@@ -3,10 +3,10 @@ simulator plays the caller (the control plane's part), applying each round's dec
 modelling what the decisions cost:
 
 - a job's work is its trace duration on its GPUs; it checkpoints every ``checkpoint_every_s`` of progress;
-- a job killed (a baseline's preemption) loses its work since its last checkpoint, and every restart costs
-  ``restart_s`` before work resumes;
-- a victim asked to checkpoint first (phalanx) snapshots at once and leaves when the save commits,
-  ``commit_s`` later; it loses those ``commit_s`` and the restart.
+- a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
+  commits, ``commit_s`` later; it loses those ``commit_s``, and every restart costs ``restart_s`` before
+  work resumes.
+The decisions reach the State through ``apply``, as the server's do: the replay is the actuator.
 GPU-time lost to preemption is every GPU-second held that saved no work: so the GPU-time used is exactly the
 jobs' work plus what was lost.
 """
@@ -17,10 +17,12 @@ import heapq
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from phalanx.control.scheduler.actuate import apply
 from phalanx.control.scheduler.cluster import Cluster, Node
-from phalanx.control.scheduler.jobs import Job, Tenant
+from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Tenant
 from phalanx.control.scheduler.predict import DurationPredictor
 from phalanx.control.scheduler.state import Policy, Queue, State
 from phalanx.control.sim.trace import TraceJob
@@ -60,6 +62,8 @@ class Outcome:
     busy_gpu_s: float = 0.0  # ... while the queue was not empty
     busy_capacity_gpu_s: float = 0.0  # the cluster's GPU-seconds while the queue was not empty
     wall_s: float = 0.0  # how long the replay took
+    # every decision carried out, in order: (time, "admit", job, placement) or (time, "preempt", victim, for job)
+    decisions: list[tuple[float, str, str, Any]] = field(default_factory=list)
 
     @property
     def lost_gpu_s(self) -> float:
@@ -76,6 +80,164 @@ def gang(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return gpus // per_worker, per_worker
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A trace job as replayed: its submit time with the seed's jitter, and where in its checkpoint interval
+    its first checkpoint falls."""
+
+    job: TraceJob
+    submit: float
+    phase_s: float
+
+
+def arrivals(jobs: Sequence[TraceJob], costs: Costs, seed: int, jitter_s: float) -> list[Arrival]:
+    rng = random.Random(seed)
+    out = []
+    for job in jobs:
+        submit = max(0.0, job.submit_s + rng.uniform(-jitter_s, jitter_s))
+        out.append(Arrival(job, submit, rng.uniform(0, costs.checkpoint_every_s)))
+    return out
+
+
+@dataclass(frozen=True)
+class ModelledRun:
+    """One run of a trace job as the replay models it (the simulator, and the executor that plays a trace
+    against the server): allocated at ``started``, its work resumes a restart later if it ran before, it
+    checkpoints every ``checkpoint_every_s`` from its phase, and it ends when its work is done."""
+
+    started: float
+    starts: float  # when work begins
+    left_s: float  # work to do then
+
+    @classmethod
+    def begin(cls, now: float, left_s: float, ran_before: bool, costs: Costs) -> ModelledRun:
+        return cls(now, now + (costs.restart_s if ran_before else 0.0), left_s)
+
+    @property
+    def finish(self) -> float:
+        return self.starts + self.left_s
+
+    def left_at(self, t: float) -> float:
+        return self.left_s - min(self.left_s, max(0.0, t - self.starts))
+
+    def first_checkpoint(self, phase_s: float, costs: Costs) -> float:
+        return self.starts + phase_s % costs.checkpoint_every_s
+
+
+class _Replay:
+    """The simulator's side of the scheduling core: events in time order, and the actuator that models what
+    each decision costs."""
+
+    def __init__(self, policy: Policy, arrived: Sequence[Arrival], cluster: Cluster, tenants: Sequence[Tenant],
+                 costs: Costs):  # fmt: skip
+        self.policy, self.costs, self.cluster = policy, costs, cluster
+        self.state = State(cluster, tenants, Queue(policy.key))
+        self.predictor = DurationPredictor()
+        self.outcome = Outcome(policy.name, cluster.total_gpus, {})
+        self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job, epoch)
+        self.seq = 0
+        self.arrivals = {a.job.id: a for a in arrived}
+        self.work = {a.job.id: a.job.duration_s for a in arrived}  # work (s) still to do after its last checkpoint
+        self.epochs = dict.fromkeys(self.work, 0)
+        self.runs: dict[str, ModelledRun] = {}
+        self.held_s = dict.fromkeys(self.work, 0.0)  # GPU-holding time over the job's runs
+        self.started_seq: dict[str, int] = {}  # running job -> its place in the order the runs started
+        self.snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
+        for a in arrived:
+            self.outcome.records[a.job.id] = JobRecord(a.job.id, a.job.tenant, a.job.gpus, a.submit, a.job.duration_s)
+            self.push(a.submit, _ARRIVE, a.job.id)
+
+    def push(self, t: float, kind: int, job_id: str, epoch: int = 0, seq: int | None = None) -> int:
+        """Events of one moment: arrivals, finishes, evictions, then checkpoints, each kind in the order it was
+        pushed, or for evictions in the order the runs started (``seq``), as the server applies them."""
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq if seq is None else seq, job_id, epoch))
+        return self.seq
+
+    # the actuator
+    def admit(self, admit: Admit, now: float) -> bool:
+        self.outcome.decisions.append((now, "admit", admit.job, admit.placement))
+        record = self.outcome.records[admit.job]
+        record.first_start = now if record.first_start is None else record.first_start
+        run = self.runs[admit.job] = ModelledRun.begin(now, self.work[admit.job], record.preemptions > 0, self.costs)
+        epoch = self.epochs[admit.job]
+        self.started_seq[admit.job] = self.push(run.finish, _FINISH, admit.job, epoch)
+        self.push(run.first_checkpoint(self.arrivals[admit.job].phase_s, self.costs), _CHECKPOINT, admit.job, epoch)
+        return True
+
+    def preempt(self, preempt: Preempt, now: float) -> bool:
+        """The victim snapshots at once and leaves when the save commits."""
+        self.outcome.decisions.append((now, "preempt", preempt.job, preempt.for_job))
+        self.snapshot[preempt.job] = self.runs[preempt.job].left_at(now)
+        self.push(
+            now + self.costs.commit_s, _EVICT, preempt.job, self.epochs[preempt.job], self.started_seq[preempt.job]
+        )
+        return True
+
+    def _leave(self, job_id: str, t: float) -> ModelledRun:
+        run = self.runs.pop(job_id)
+        self.epochs[job_id] += 1
+        self.held_s[job_id] += t - run.started
+        return run
+
+    def _evict(self, job_id: str, t: float) -> None:
+        """The job leaves with its snapshot's work to do: the GPU time of this run that saved no work is lost."""
+        record, left = self.outcome.records[job_id], self.snapshot.pop(job_id)
+        record.preemptions += 1
+        run = self._leave(job_id, t)
+        record.lost_gpu_s += record.gpus * ((t - run.started) - (run.left_s - left))
+        self.work[job_id] = left
+        self.state.requeue(job_id, t)
+
+    def _finish(self, job_id: str, t: float) -> None:
+        self.state.stop(job_id, t)
+        self._leave(job_id, t)
+        record = self.outcome.records[job_id]
+        record.finish = t
+        record.lost_gpu_s += record.gpus * (self.costs.restart_s if record.preemptions else 0.0)
+        self.predictor.record(record.tenant, record.gpus, self.held_s[job_id])
+
+    def run(self) -> Outcome:
+        began, state, outcome = time.perf_counter(), self.state, self.outcome
+        remaining, last_t = len(self.work), 0.0
+        while remaining:
+            t = self.events[0][0]
+            held = sum(state.held.values())
+            outcome.used_gpu_s += held * (t - last_t)
+            if len(state.queue):
+                outcome.busy_gpu_s += held * (t - last_t)
+                outcome.busy_capacity_gpu_s += outcome.gpus * (t - last_t)
+            last_t, changed = t, False
+            while self.events and self.events[0][0] == t:
+                _, kind, _, job_id, epoch = heapq.heappop(self.events)
+                if kind == _ARRIVE:
+                    tj = self.arrivals[job_id].job
+                    workers, per_worker = gang(tj.gpus, self.cluster.largest)
+                    predicted = self.predictor.predict(tj.tenant, tj.gpus)
+                    submitted = outcome.records[job_id].submit
+                    job = Job(
+                        job_id, tj.tenant, workers, per_worker, submitted, predicted_s=predicted, queued_at=submitted
+                    )
+                    state.submit(job)
+                elif epoch != self.epochs[job_id]:
+                    continue  # the run this event was for has ended
+                elif kind == _FINISH:
+                    self._finish(job_id, t)
+                    remaining -= 1
+                elif kind == _CHECKPOINT:
+                    self.work[job_id] = self.runs[job_id].left_at(t)
+                    state.checkpointed(job_id, t)
+                    self.push(t + self.costs.checkpoint_every_s, _CHECKPOINT, job_id, epoch)
+                    continue
+                elif kind == _EVICT:
+                    self._evict(job_id, t)
+                changed = True
+            if changed:
+                apply(self.policy.schedule(state, t), state, self, t)
+        outcome.wall_s = time.perf_counter() - began
+        return outcome
+
+
 def simulate(
     policy: Policy,
     jobs: Sequence[TraceJob],
@@ -87,110 +249,7 @@ def simulate(
 ) -> Outcome:
     """Replay ``jobs`` until the last one finishes. ``seed`` draws each job's checkpoint phase and a jitter
     of up to ``jitter_s`` on its submit time."""
-    began_replay = time.perf_counter()
-    rng = random.Random(seed)
-    state = State(cluster, tenants, Queue(policy.key))
-    predictor = DurationPredictor()
-    outcome = Outcome(policy.name, cluster.total_gpus, {})
-    events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job, epoch)
-    seq = 0
-
-    def push(t: float, kind: int, job_id: str, epoch: int = 0) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, kind, seq, job_id, epoch))
-
-    work: dict[str, float] = {}  # job -> work (s) still to do after its last checkpoint
-    phase: dict[str, float] = {}
-    run: dict[str, tuple[float, float, int]] = {}  # running job -> (work starts, work left then, epoch)
-    for trace_job in jobs:
-        submit = max(0.0, trace_job.submit_s + rng.uniform(-jitter_s, jitter_s))
-        outcome.records[trace_job.id] = JobRecord(trace_job.id, trace_job.tenant, trace_job.gpus, submit,
-                                                  trace_job.duration_s)  # fmt: skip
-        work[trace_job.id] = trace_job.duration_s
-        phase[trace_job.id] = rng.uniform(0, costs.checkpoint_every_s)
-        push(submit, _ARRIVE, trace_job.id)
-    epochs = dict.fromkeys(work, 0)
-    snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
-    trace_jobs = {job.id: job for job in jobs}
-    remaining, last_t = len(jobs), 0.0
-
-    def done_since_start(job_id: str, t: float) -> float:
-        starts, left, _ = run[job_id]
-        return min(left, max(0.0, t - starts))
-
-    def evict(job_id: str, t: float, left: float) -> None:
-        """The job leaves with ``left`` work to do: the GPU time of this run that saved no work is lost."""
-        record = outcome.records[job_id]
-        record.preemptions += 1
-        starts, left_at_start, _ = run[job_id]
-        allocated = starts - (costs.restart_s if record.preemptions > 1 else 0.0)
-        record.lost_gpu_s += record.gpus * ((t - allocated) - (left_at_start - left))
-        work[job_id] = left
-        del run[job_id]
-        epochs[job_id] += 1
-        state.requeue(job_id, t)
-
-    while remaining:
-        t = events[0][0]
-        held = sum(state.held.values())
-        outcome.used_gpu_s += held * (t - last_t)
-        if len(state.queue):
-            outcome.busy_gpu_s += held * (t - last_t)
-            outcome.busy_capacity_gpu_s += outcome.gpus * (t - last_t)
-        last_t, changed = t, False
-        while events and events[0][0] == t:
-            _, kind, _, job_id, epoch = heapq.heappop(events)
-            if kind == _ARRIVE:
-                tj = trace_jobs[job_id]
-                workers, per_worker = gang(tj.gpus, cluster.largest)
-                predicted = predictor.predict(tj.tenant, tj.gpus)
-                submitted = outcome.records[job_id].submit
-                state.submit(Job(job_id, tj.tenant, workers, per_worker, submitted, predicted_s=predicted))
-                changed = True
-            elif epoch != epochs[job_id]:
-                continue  # the run this event was for has ended
-            elif kind == _FINISH:
-                state.stop(job_id, t)
-                del run[job_id]
-                epochs[job_id] += 1
-                record = outcome.records[job_id]
-                record.finish, remaining, changed = t, remaining - 1, True
-                record.lost_gpu_s += record.gpus * (costs.restart_s if record.preemptions else 0.0)
-                predictor.record(record.tenant, record.gpus, record.duration)
-            elif kind == _CHECKPOINT:
-                work[job_id] = run[job_id][1] - done_since_start(job_id, t)
-                state.checkpointed(job_id, t)
-                push(t + costs.checkpoint_every_s, _CHECKPOINT, job_id, epoch)
-            elif kind == _EVICT:
-                evict(job_id, t, snapshot.pop(job_id))
-                changed = True
-        for _ in range(100) if changed else ():  # until a round changes nothing that frees GPUs at once
-            decided = policy.schedule(state, t)
-            for admit in decided.admit:
-                state.start(admit.job, admit.placement, t)
-                record = outcome.records[admit.job]
-                record.first_start = t if record.first_start is None else record.first_start
-                starts = t + (costs.restart_s if record.preemptions else 0.0)
-                epoch = epochs[admit.job]
-                run[admit.job] = (starts, work[admit.job], epoch)
-                push(starts + work[admit.job], _FINISH, admit.job, epoch)
-                first = starts + phase[admit.job] % costs.checkpoint_every_s
-                push(first, _CHECKPOINT, admit.job, epoch)
-            killed = False
-            for preempt in decided.preempt:
-                state.ask_to_evict(preempt.job, preempt.for_job)
-                left = run[preempt.job][1] - done_since_start(preempt.job, t)
-                if preempt.checkpoint_first:
-                    snapshot[preempt.job] = left
-                    push(t + costs.commit_s, _EVICT, preempt.job, epochs[preempt.job])
-                else:
-                    evict(preempt.job, t, work[preempt.job])
-                    killed = True
-            if not killed:
-                break
-    outcome.wall_s = time.perf_counter() - began_replay
-    return outcome
+    return _Replay(policy, arrivals(jobs, costs, seed, jitter_s), cluster, tenants, costs).run()
 
 
 def alone_cluster(gpus: int, gpus_per_node: int, nodes_per_rack: int) -> Cluster:

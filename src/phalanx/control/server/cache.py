@@ -1,0 +1,196 @@
+"""The scheduler's State, kept current between rounds (Kueue's cache): the control loop feeds it what happens
+(submissions and cancellations from the API, starts, ends, preemptions and committed checkpoints from the
+executor) through the same State methods the simulator calls, so a round sees what the simulator's round
+would. It is built from the store when the server starts, and again whenever it cannot be trusted: the
+cluster's capacity or the tenants changed, or a round failed."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from phalanx.control import scheduler as core
+from phalanx.control.server.lifecycle import ACTIVE, S
+from phalanx.control.store import Execution, Job, Tenant
+from phalanx.obs.events import read_jsonl_from
+
+# What the cache reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
+_QUEUED = (
+    Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
+    Job.preemptions, Job.preempted_by, Job.reason,
+)  # fmt: skip
+PREDICTOR_HISTORY = 1000  # finished jobs the predictor is rebuilt from
+
+
+class Stale(Exception):
+    """What the cache was built from has changed in a way it does not follow: rebuild it."""
+
+
+class Cache:
+    def __init__(self, policy: core.Policy, half_life_s: float):
+        self.policy, self.half_life_s = policy, half_life_s
+        self.state: core.State | None = None
+        self.nodes: list[core.Node] = []
+        self.predictor = core.DurationPredictor()
+        self.reasons: dict[str, str] = {}  # pending job -> the reason the store shows for it
+        self.read_to: dict[str, int] = {}  # run directory -> bytes of its events already read
+
+    # --- built from the store
+    def load(self, s: Session, nodes: list[core.Node], now: float) -> core.State:
+        """The state from the store: the tenants, the running jobs where they run (their last committed
+        checkpoints read from their run directories), the queue, fair-share usage, and the jobs that take
+        the room made for them first."""
+        self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
+        state = core.State(core.Cluster(nodes), self._tenants(s), core.Queue(self.policy.key), self.half_life_s)
+        self.predictor = self._history(s)
+        served = self._served(s)
+        active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
+        for job in active:
+            state.submit(self._core_job(job, served))
+            execution = s.scalar(select(Execution).where(Execution.job == job.seq, Execution.attempt == job.attempt))
+            running = job.state == S.RUNNING and execution is not None
+            state.start(job.id, job.placement, execution.started_at if running else now)
+            if running and execution.run_dir is not None:
+                committed = self.checkpoints(execution.run_dir)
+                if committed and committed[-1] > execution.started_at:
+                    state.checkpointed(job.id, committed[-1])
+            if job.evicting_for is not None or job.cancel_requested:
+                state.ask_to_evict(job.id, job.evicting_for or "")
+        state.usage = self._usage(s, now)
+        pending = s.execute(select(*_QUEUED).where(Job.state == S.PENDING).order_by(Job.seq)).all()
+        for job in pending:
+            state.submit(self._core_job(job, served))
+            self.reasons[job.id] = job.reason
+        state.first.update(dict.fromkeys(_room_made(active, pending)))
+        self.state = state
+        return state
+
+    def _tenants(self, s: Session) -> list[core.Tenant]:
+        rows = s.scalars(select(Tenant).order_by(Tenant.name))
+        return [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in rows]
+
+    def _history(self, s: Session) -> core.DurationPredictor:
+        """The predictor fed as the loop feeds it: each finished job's GPU-holding time over its executions,
+        in the order the jobs ended."""
+        predictor = core.DurationPredictor()
+        rows = s.execute(
+            select(Job.tenant, Job.gpus, func.sum(Execution.ended_at - Execution.started_at))
+            .join(Execution, Execution.job == Job.seq)
+            .where(Job.state == S.SUCCEEDED)
+            .group_by(Job.seq, Job.tenant, Job.gpus, Job.ended_at)
+            .order_by(Job.ended_at.desc(), Job.seq.desc())
+            .limit(PREDICTOR_HISTORY)
+        ).all()
+        for tenant, gpus, seconds in reversed(rows):
+            predictor.record(tenant, gpus, float(seconds or 0.0))
+        return predictor
+
+    def _served(self, s: Session) -> dict[int, tuple[float, float]]:
+        """Each unfinished job's (attained GPU-seconds, its last run's seconds) over its ended executions."""
+        served: dict[int, tuple[float, float]] = {}
+        rows = s.execute(
+            select(Execution.job, Execution.gpus, Execution.started_at, Execution.ended_at)
+            .join(Job, Job.seq == Execution.job)
+            .where(Job.state.in_((S.PENDING, *ACTIVE)), Execution.ended_at.is_not(None))
+            .order_by(Execution.job, Execution.attempt)
+        )
+        for seq, gpus, started, ended in rows:
+            attained, _ = served.get(seq, (0.0, 0.0))
+            served[seq] = (attained + gpus * (ended - started), ended - started)
+        return served
+
+    def _usage(self, s: Session, now: float) -> core.Usage:
+        """Fair-share usage replayed from the executions of the last few half-lives."""
+        changes: list[tuple[float, str, int]] = []
+        horizon = now - 5 * self.half_life_s
+        for e in s.scalars(select(Execution).where(Execution.ended_at.is_(None) | (Execution.ended_at > horizon))):
+            changes.append((e.started_at, e.tenant, e.gpus))
+            if e.ended_at is not None:
+                changes.append((e.ended_at, e.tenant, -e.gpus))
+        usage, held = core.Usage(self.half_life_s), defaultdict(int)
+        for at, tenant, gpus in sorted(changes):
+            held[tenant] += gpus
+            usage.change(tenant, at, held[tenant])
+        return usage
+
+    def _core_job(self, job, served: dict[int, tuple[float, float]] | None = None) -> core.Job:
+        """A job row as the scheduler sees it, its duration predicted from the history the cache has now."""
+        attained, last_run_s = (served or {}).get(job.seq, (0.0, 0.0))
+        return core.Job(
+            id=job.id,
+            tenant=job.tenant,
+            workers=job.workers,
+            per_worker=job.gpus // job.workers,
+            submitted=job.submitted_at,
+            priority=job.priority,
+            predicted_s=self.predictor.predict(job.tenant, job.gpus),
+            preemptions=job.preemptions,
+            preempted_by=frozenset(job.preempted_by),
+            attained_gpu_s=attained,
+            queued_at=job.queued_at,
+            last_run_s=last_run_s,
+        )
+
+    # --- kept current
+    def sync(self, s: Session) -> None:
+        """What the API changed since the last round: jobs submitted or cancelled while queued, cancellations
+        asked of running jobs. Raises Stale when the tenants changed."""
+        state = self.state
+        assert state is not None
+        if self._tenants(s) != list(state.tenants.values()):
+            raise Stale("the tenants changed")
+        pending = dict(s.execute(select(Job.id, Job.seq).where(Job.state == S.PENDING)).all())
+        for job_id in [j for j in state.queue.jobs if j not in pending]:
+            state.withdraw(job_id)
+            self.reasons.pop(job_id, None)
+        new = [seq for job_id, seq in pending.items() if job_id not in state.queue.jobs]
+        if new:
+            wanted = set(new)
+            rows = s.execute(select(*_QUEUED).where(Job.state == S.PENDING, Job.seq >= min(new)).order_by(Job.seq))
+            for job in rows:
+                if job.seq in wanted:
+                    state.submit(self._core_job(job))  # a job running here and pending there: ValueError, rebuilt
+                    self.reasons[job.id] = job.reason
+        cancelling = s.scalars(select(Job.id).where(Job.state.in_(ACTIVE), Job.cancel_requested.is_(True)))
+        for job_id in cancelling:
+            if job_id in state.running and job_id not in state.leaving:
+                state.ask_to_evict(job_id, "")
+
+    def checkpoints(self, run_dir: str) -> list[float]:
+        """When the run's checkpoints committed that the cache has not read yet (its events, read on from where
+        the last call stopped)."""
+        records, self.read_to[run_dir] = read_jsonl_from(f"{run_dir}/events.jsonl", self.read_to.get(run_dir, 0))
+        return [float(e["ts"]) for e in records if e.get("kind") == "checkpoint_committed"]
+
+    def ended(self, ends: Sequence[tuple[str, str, float, str]], now: float) -> None:
+        """Runs that left their GPUs, as (job, how, held seconds, cause): ``finished`` (succeeded: its
+        GPU-holding time feeds the predictor), ``gone`` (failed or cancelled), ``preempted`` or ``requeued``
+        (lost, or stopped from outside). Applied finishes first, each kind in the order the runs started, as
+        the simulator orders the events of one moment."""
+        state = self.state
+        assert state is not None
+        order = {job_id: i for i, job_id in enumerate(state.running)}
+        for job_id, how, held_s, cause in sorted(ends, key=lambda e: (e[1] != "finished", order.get(e[0], -1))):
+            if job_id not in state.running:
+                raise Stale(f"job {job_id} ended, but the cache did not have it running")
+            if how in ("finished", "gone"):
+                run = state.stop(job_id, now)
+                if how == "finished":
+                    self.predictor.record(run.job.tenant, run.job.gpus, held_s)
+            else:
+                state.requeue(job_id, now, preempted=how == "preempted")
+                self.reasons[job_id] = cause
+
+
+def _room_made(active: Sequence[Job], pending: Sequence) -> list[str]:
+    """Pending jobs whose victims have all left since they were queued: they take the room made for them
+    (``State.first``), before jobs ahead of them in the queue take it back."""
+    leaving_for = {job.evicting_for for job in active}
+    requeued_for: dict[str, float] = {}
+    for job in pending:
+        for by in job.preempted_by:
+            requeued_for[by] = max(requeued_for.get(by, 0.0), job.queued_at)
+    return [job.id for job in pending if job.id not in leaving_for and requeued_for.get(job.id, -1.0) >= job.queued_at]
