@@ -255,9 +255,11 @@ def test_the_job_resumes_by_itself_when_its_batch_host_is_lost(
     (rejoined,) = _events(second, "nodes_joined")  # without the lost node: spares are asked as a range
     assert joined["agents"]["0"]["addr"] not in {a["addr"] for a in rejoined["agents"].values()}
     before, after = _losses(first), _losses(second)
-    assert max(after) == 399 and min(after) <= max(before)  # resumed from a checkpoint of the first run's
+    # resumed from a checkpoint of the first run's, no step skipped (the node may be lost right after a save
+    # and before the next step, so that no step is redone)
+    assert max(after) == 399 and min(after) <= max(before) + 1
     redone = sorted(set(before) & set(after))
-    assert redone and all(before[s] == after[s] for s in redone)  # bitwise the losses it had: an exact resume
+    assert all(before[s] == after[s] for s in redone)  # bitwise the losses it had: an exact resume
     wait_gone(node0)
     assert _job_processes(job_id) == []
 

@@ -22,8 +22,7 @@ from conftest import REPO, Job, wait_gone
 from phalanx.checkpoint.memory import restore, serialize
 from phalanx.launch import priority
 from phalanx.launch.zygote import Forked, Zygote
-from phalanx.obs import read_jsonl
-from phalanx.resilience import inprocess
+from phalanx.obs import protocol, read_jsonl
 from phalanx.spec import SpecError, parse_spec
 from test_resilience import _weights
 
@@ -89,7 +88,7 @@ def _spare_ready(run: Path) -> bool:
     store = TCPStore(
         started["rendezvous_addr"], started["rendezvous_port"], is_master=False, timeout=datetime.timedelta(seconds=5)
     )
-    return any(store.check([inprocess.ready_key(i)]) and not store.check([inprocess.assign_key(i)]) for i in range(64))
+    return any(store.check([protocol.ready_key(i)]) and not store.check([protocol.assign_key(i)]) for i in range(64))
 
 
 def _kill_after(sup: subprocess.Popen[str], run: Path, rank: int, recoveries: int, steps_after: int) -> None:

@@ -34,3 +34,23 @@ def test_no_import_cycles() -> None:
     graph = _imports()
     assert len(graph) > 100 and "phalanx.launch.lifetime" in graph["phalanx.launch.zygote"]  # it sees imports
     graphlib.TopologicalSorter(graph).prepare()  # CycleError names the modules of a cycle
+
+
+# ARCHITECTURE.md's layers, top to bottom: each imports only those below it.
+LAYERS = ("cli", "control", "launch", "resilience", "train", "checkpoint", "data", "obs", "spec")
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    def layer(module: str) -> int | None:
+        top = module.split(".")[1] if "." in module else None
+        return LAYERS.index(top) if top in LAYERS else None
+
+    graph = _imports()
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in sorted(graph.items())
+        for imported in sorted(imports)
+        if layer(module) is not None and layer(imported) is not None and layer(imported) < layer(module)
+    ]
+    assert "phalanx.obs.protocol" in graph["phalanx.launch.supervisor"]  # it sees the layers' imports
+    assert upward == []

@@ -15,11 +15,10 @@ from sqlalchemy import select
 from conftest import REPO, unavailable
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Launch, Phase, Status
-from phalanx.control.server.lifecycle import S
 from phalanx.control.server.loop import Controller
 from phalanx.control.sim.simulator import Arrival, Costs, ModelledRun, arrivals, gang, simulate
 from phalanx.control.sim.trace import philly, quotas
-from phalanx.control.store import Job, Tenant, Transition, User, open_store
+from phalanx.control.store import Job, JobState, Tenant, Transition, User, open_store
 
 TRACES = Path(os.environ.get("PHALANX_TRACES", REPO.parent / "shared" / "traces"))
 SPEC = "name: trace\nresources: {procs_per_node: 1, device: cpu}\ntrain: {steps: 1}\n"
@@ -158,7 +157,7 @@ def test_the_server_loop_decides_as_the_simulator_on_a_philly_slice(
         controller.tick()
     with store.read() as s:
         states = set(s.scalars(select(Job.state)))
-    assert states == {S.SUCCEEDED}
+    assert states == {JobState.SUCCEEDED}
 
     served, simulated = _by_moment(executor.decided), _by_moment(sim.decisions)
     assert sum(kind == "preempt" for _, kind, *_ in sim.decisions) >= 10  # the slice exercises preemption
@@ -173,10 +172,11 @@ def _submit(s, arrival: Arrival) -> None:
     tj = arrival.job
     workers, _ = gang(tj.gpus, 8)
     job = Job(
-        id=tj.id, tenant=tj.tenant, owner="trace", name=tj.id, spec=SPEC, workdir="/", priority=0, workers=workers,
-        gpus=tj.gpus, state=S.PENDING, reason="queued", submitted_at=arrival.submit, queued_at=arrival.submit,
+        id=tj.id, tenant=tj.tenant, owner="trace", name=tj.id, spec=SPEC, workdir="/", priority=0, total_steps=1,
+        nodes=workers, checkpoint_dir=None, workers=workers,
+        gpus=tj.gpus, state=JobState.PENDING, reason="queued", submitted_at=arrival.submit, queued_at=arrival.submit,
         attempt=0, cancel_requested=False, preemptions=0, preempted_by=[],
     )  # fmt: skip
     s.add(job)
     s.flush()
-    s.add(Transition(job=job.seq, at=arrival.submit, from_state=None, to_state=S.PENDING, cause="submitted"))
+    s.add(Transition(job=job.seq, at=arrival.submit, from_state=None, to_state=JobState.PENDING, cause="submitted"))

@@ -12,13 +12,14 @@ from alembic.migration import MigrationContext
 from sqlalchemy import select, text
 
 from phalanx.control.server import auth, lifecycle
-from phalanx.control.server.lifecycle import S, Submission
+from phalanx.control.server.lifecycle import Submission
 from phalanx.control.store import (
     Ambiguous,
     Base,
     Execution,
     Identity,
     Job,
+    JobState,
     NotFound,
     Role,
     Scope,
@@ -93,6 +94,31 @@ def test_migration_0002_names_users_per_tenant_and_keeps_their_tokens_and_jobs(d
     engine.dispose()
 
 
+def test_migration_0003_stores_what_the_server_reads_of_each_spec(database_url: str) -> None:
+    """Jobs submitted before 0003 get their total steps, nodes and checkpoint location from their stored spec;
+    a spec that is not a mapping gets the defaults."""
+    engine = connect(database_url)
+    migrate(engine, "0002")
+    recipe = "name: r\nresources:\n  nodes: 2\ntrain:\n  steps: 7\ncheckpoint:\n  dir: s3://b/ckpt\n"
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO tenants VALUES ('a', 4, NULL, NULL, 0)"))
+        c.execute(text("INSERT INTO users VALUES ('a/alice', 'a', 'member', 0)"))
+        for job_id, spec in (("recipe", recipe), ("script", "name: s\ncommand: [python, x.py]\n"), ("odd", "[1]")):
+            c.execute(
+                text(
+                    "INSERT INTO jobs (id, tenant, owner, name, spec, workdir, priority, workers, gpus, state, "
+                    "reason, submitted_at, queued_at, attempt, cancel_requested, preemptions, preempted_by) VALUES "
+                    "(:id, 'a', 'a/alice', 't', :spec, '/', 0, 1, 1, 'PENDING', '', 0, 0, 0, false, 0, '[]')"
+                ),
+                {"id": job_id, "spec": spec},
+            )
+    store = open_store(database_url)
+    with store.read() as s:
+        stored = {j.id: (j.total_steps, j.nodes, j.checkpoint_dir) for j in s.scalars(select(Job))}
+    assert stored == {"recipe": (7, 2, "s3://b/ckpt"), "script": (None, 1, None), "odd": (None, 1, None)}
+    engine.dispose()
+
+
 def test_each_tenant_names_its_users_and_learns_nothing_of_another_tenants(database_url: str) -> None:
     store = open_store(database_url)
     who = _world(store)
@@ -152,11 +178,11 @@ def test_roles_decide_who_may_submit_and_cancel(database_url: str) -> None:
         lifecycle.cancel(scope, scope.job(mine), 2.0)
     with store.write() as s:
         job = Scope(s, who["admin"]).job(mine)
-        assert job.state == S.CANCELLED
+        assert job.state == JobState.CANCELLED
         with pytest.raises(lifecycle.Conflict, match="already ended"):
             lifecycle.cancel(Scope(s, who["admin"]), job, 3.0)
         with pytest.raises(lifecycle.Conflict, match="cannot become RUNNING"):
-            lifecycle.move(s, job, S.RUNNING, "no", 3.0)
+            lifecycle.move(s, job, JobState.RUNNING, "no", 3.0)
         history = s.scalars(select(Transition).where(Transition.job == job.seq).order_by(Transition.id)).all()
         assert [(t.from_state, t.to_state) for t in history] == [(None, "PENDING"), ("PENDING", "CANCELLED")]
         assert history[1].cause == "cancelled by a-tenant-admin"
@@ -167,7 +193,8 @@ def test_tokens_are_kept_as_hashes_and_expire_and_revoke(database_url: str) -> N
     _world(store)
     with store.write() as s:
         user = s.get(User, "a/a-member")
-        row, token = auth.issue(s, user, "ci", now=100.0, expires_at=200.0)
+        row, token = auth.issue(user, "ci", now=100.0, expires_at=200.0)
+        s.add(row)
         token_id = row.id
     secret = token.split("_", 2)[2]
     with store.write() as s:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phalanx.resilience.rates import default_mtbf_hours, young_daly_s
+from phalanx.obs.rates import default_mtbf_hours, young_daly_s
 
 FIRST_EVERY_STEPS = 10  # until a save's cost has been measured
 __all__ = ["FIRST_EVERY_STEPS", "Interval", "choose", "default_mtbf_hours"]

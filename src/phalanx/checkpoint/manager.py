@@ -33,7 +33,7 @@ from phalanx.checkpoint.directory import CheckpointDir
 from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
 from phalanx.checkpoint.writer import storage_writer
-from phalanx.resilience.inprocess import NoRecovery
+from phalanx.obs.protocol import NoRecovery
 from phalanx.spec.model import Checkpoint
 
 

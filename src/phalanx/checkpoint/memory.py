@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import MappingKey, tree_map_only, tree_map_with_path
 
-from phalanx.resilience.inprocess import PeerLost
+from phalanx.obs.protocol import PeerLost
 
 KEEP = 2
 ALIGN = 64  # bytes: every tensor of a snapshot starts at a multiple, so it can be viewed as its dtype

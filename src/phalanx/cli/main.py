@@ -13,7 +13,7 @@ from rich.table import Table
 
 from phalanx.cli import clusters, platform
 from phalanx.cli.checked import load_checked
-from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE
+from phalanx.obs.rates import LLAMA3_GPU_HOURS_PER_FAILURE
 from phalanx.resilience.simulate import STRATEGIES, Costs, goodput_table, scope_shares
 from phalanx.spec import dump_spec
 

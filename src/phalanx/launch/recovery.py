@@ -1,4 +1,4 @@
-"""In-process recovery, the supervisor's side (the workers' side and the store keys: resilience/inprocess.py).
+"""In-process recovery, the supervisor's side (the store keys and the workers' exchanges: obs/protocol.py).
 
 With ``resilience.in_process`` each attempt keeps ``warm_spares`` spare processes started beside its
 workers: Python and torch imported, warmed up, waiting for the attempt's store to give them a rank. Spares
@@ -30,8 +30,8 @@ from phalanx.launch import priority
 from phalanx.launch.node import RECIPE, Plan, node_env, rank_env, spare_worker
 from phalanx.launch.workers import Worker, WorkerGroup
 from phalanx.launch.zygote import Zygote
+from phalanx.obs import protocol
 from phalanx.obs.rundir import RunDir
-from phalanx.resilience import inprocess
 from phalanx.spec import JobSpec
 
 
@@ -83,7 +83,7 @@ class InProcessRecovery:
     def ready_spare(self) -> Worker | None:
         """A spare that is alive and has said it waits (dead ones are dropped)."""
         self.spares = [s for s in self.spares if s.exited_at is None]
-        return next((s for s in self.spares if self.store.check([inprocess.ready_key(s.spare or 0)])), None)
+        return next((s for s in self.spares if self.store.check([protocol.ready_key(s.spare or 0)])), None)
 
     def refuse(self, reached: int) -> str | None:
         """Why a rank that just died (the job had completed ``reached`` steps) is not recovered in process."""
@@ -104,11 +104,11 @@ class InProcessRecovery:
         priority.set_session_nice(spare.proc.pid, priority.NORMAL)  # a rank's share again, before it is told
         local_rank = rank - self.plan.ranks(self.node).start
         self.store.set(
-            inprocess.assign_key(spare.spare),
+            protocol.assign_key(spare.spare),
             json.dumps({"generation": self.generation, "env": rank_env(rank, local_rank, self.run_dir)}),
         )
         self.store.set(
-            inprocess.decision_key(self.generation),
+            protocol.decision_key(self.generation),
             json.dumps({"rank": rank, "spare": spare.spare, "pid": spare.proc.pid, "reached": reached}),
         )
         self.group.workers = [spare if w.rank == rank else w for w in self.group.workers]
@@ -126,7 +126,7 @@ class InProcessRecovery:
         """The ranks that have not restored their state in the recovery under way."""
         assert self.pending is not None
         g = self.pending.generation
-        return [r for r in range(self.plan.world_size) if not self.store.check([inprocess.done_key(g, r)])]
+        return [r for r in range(self.plan.world_size) if not self.store.check([protocol.done_key(g, r)])]
 
     def done(self) -> bool:
         """Whether the recovery under way has finished: every rank restored and training."""

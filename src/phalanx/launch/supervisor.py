@@ -42,13 +42,13 @@ from phalanx.obs.console import Console
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.plot import plot_loss
 from phalanx.obs.progress import Progress, step_line
+from phalanx.obs.protocol import HEARTBEAT_KEY
 from phalanx.obs.rundir import RunDir
 from phalanx.obs.summary import summary
 from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s, classify_exit, hang
 from phalanx.resilience.elastic import NoCapacity
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
 from phalanx.spec import JobSpec, dump_spec
-from phalanx.train.sdk import HEARTBEAT_KEY
 
 POLL_S = 0.1  # how often exits and signals are checked: a crash is seen within this
 HANG_CHECK_S = 0.5  # how often the heartbeats are read

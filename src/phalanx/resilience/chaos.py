@@ -24,8 +24,8 @@ from torch.distributed import TCPStore
 
 from phalanx.checkpoint import CheckpointDir
 from phalanx.obs import RunDir, read_jsonl
+from phalanx.obs.protocol import CHAOS_LOSS_KEY
 from phalanx.spec import load_spec
-from phalanx.train.sdk import CHAOS_LOSS_KEY
 
 RANK_FAULTS = ("kill", "hang", "slow")  # the faults that strike one rank
 SLOW_TURN_S = 0.01  # a slowed rank is stopped, then runs, within each turn this long

@@ -24,7 +24,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from phalanx.resilience.rates import LLAMA3_GPU_HOURS_PER_FAILURE, young_daly_s
+from phalanx.obs.rates import LLAMA3_GPU_HOURS_PER_FAILURE, young_daly_s
 
 # Llama 3 (Dubey et al., 2024), table 5: unexpected interruptions over 54 days of pre-training on 16,384 GPUs,
 # by root cause, with the scope a recovery has to deal with.

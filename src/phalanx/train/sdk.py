@@ -10,10 +10,14 @@ script also runs with plain ``python``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
+import gc
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.obs import EventLog, JsonlLog, RunDir
-from phalanx.resilience import inprocess
+from phalanx.obs import EventLog, JsonlLog, RunDir, protocol
+from phalanx.obs.protocol import CHAOS_LOSS_KEY, HEARTBEAT_KEY
 from phalanx.spec import JobSpec, load_spec
-
-HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
-CHAOS_LOSS_KEY = "phalanx/chaos/loss"  # set by `phalanx chaos nan|spike`: the next step's loss is made bad
 
 
 @dataclass
@@ -90,8 +91,8 @@ class WorkerContext:
 
     def rejoin(self, generation: int) -> None:
         """In-process recovery: leave every process group, join ``generation``'s with the same rank."""
-        inprocess.leave()
-        inprocess.join(self.store, generation, self.rank, self.world_size, self.device)
+        leave()
+        join(self.store, generation, self.rank, self.world_size, self.device)
         self.generation = generation
 
     def close(self) -> None:
@@ -126,7 +127,7 @@ def init(device: str | None = None) -> WorkerContext:
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
     if "PHALANX_SPARE" in env:
         assert store is not None
-        given = inprocess.assignment(store, int(env["PHALANX_SPARE"]))
+        given = protocol.assignment(store, int(env["PHALANX_SPARE"]))
         env.update(given["env"])  # the rank's own variables: RANK, LOCAL_RANK, its error and stacks files
         generation = given["generation"]
     local_rank = int(env.get("LOCAL_RANK", "0"))
@@ -137,7 +138,7 @@ def init(device: str | None = None) -> WorkerContext:
         dev, backend = torch.device("cpu"), "gloo"
     if generation:
         assert store is not None
-        inprocess.join(store, generation, int(env["RANK"]), int(env["WORLD_SIZE"]), dev)
+        join(store, generation, int(env["RANK"]), int(env["WORLD_SIZE"]), dev)
     elif "RANK" in env:
         dist.init_process_group(backend, device_id=dev if dev.type == "cuda" else None)
     else:
@@ -159,3 +160,35 @@ def init(device: str | None = None) -> WorkerContext:
         _metrics=JsonlLog(run_dir.metrics) if run_dir is not None and rank == 0 else None,
         _events=EventLog(run_dir.events) if run_dir is not None and rank == 0 else None,
     )
+
+
+# In-process recovery's process groups: a survivor leaves the broken one and joins the next generation's.
+def leave() -> None:
+    """Destroy every process group of this process (the default one, the mesh's, the checkpoint's): their
+    sockets close, so a survivor still waiting in one of them fails too and joins the recovery."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _give_back_memory()
+
+
+def _give_back_memory() -> None:
+    """Free what the old groups, model and optimizer held and return it to the OS (glibc keeps freed memory
+    in its arenas otherwise): a process that recovers many times stays its size."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def join(store: dist.Store, generation: int, rank: int, world_size: int, device: torch.device) -> None:
+    """Join generation ``generation``'s process group."""
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    hook = sys.excepthook  # each init wraps it again to prefix "[rank<r>]"; a survivor keeps the one it has
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"phalanx/pg/{generation}", store),
+        rank=rank,
+        world_size=world_size,
+        device_id=device if device.type == "cuda" else None,
+    )
+    if getattr(hook, "__name__", "") == "_distributed_excepthook":
+        sys.excepthook = hook

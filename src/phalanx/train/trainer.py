@@ -24,10 +24,10 @@ from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.checkpoint.memory import PeerMemory, restore, serialize
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
+from phalanx.obs import protocol
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes, resident_bytes
 from phalanx.obs.progress import step_line
-from phalanx.resilience import inprocess
-from phalanx.resilience.inprocess import PeerLost, peer_lost
+from phalanx.obs.protocol import PeerLost, peer_lost
 from phalanx.spec import JobSpec, SpecError, dump_spec
 from phalanx.spec.model import Optimizer, Parallel
 from phalanx.train.guard import LossGuard
@@ -140,10 +140,10 @@ class Trainer:
         # In-process recovery: the state in memory, this rank's and a neighbour's (checkpoint/memory.py).
         self.memory = None
         if resilience.in_process:
-            recovering = lambda: inprocess.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
+            recovering = lambda: protocol.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
             self.memory = PeerMemory(resilience.memory_every_steps, recovering)
         if ctx.generation > 0:  # a warm spare that took a failed rank's place: the state comes from its peers
-            decided = inprocess.decision(ctx.store, ctx.generation, resilience.recovery_timeout_s)
+            decided = protocol.decision(ctx.store, ctx.generation, resilience.recovery_timeout_s)
             self._restore_from_memory(joiner=ctx.rank, reached=decided["reached"])
         elif (latest := self.checkpoints.latest_valid()) is not None:
             self.checkpoints.load(latest, self.state)
@@ -395,9 +395,9 @@ class Trainer:
         began = time.perf_counter()
         generation = self.ctx.generation + 1
         try:
-            decided = inprocess.decision(self.ctx.store, generation, timeout)
-        except inprocess.NoRecovery as e:
-            raise inprocess.NoRecovery(f"{e}, after: {error}") from error
+            decided = protocol.decision(self.ctx.store, generation, timeout)
+        except protocol.NoRecovery as e:
+            raise protocol.NoRecovery(f"{e}, after: {error}") from error
         self.batches.close()
         self.checkpoints.abandon(timeout)
         every = self.checkpoints.every  # an automatic interval tuned so far is kept
@@ -426,7 +426,7 @@ class Trainer:
         began = time.perf_counter() if began is None else began
         timeout = ctx.spec.resilience.recovery_timeout_s
         mine = memory.steps() if ctx.rank != joiner else []
-        step = inprocess.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, timeout)
+        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, timeout)
         if ctx.rank == joiner:
             blob = memory.receive(memory.holder)
         else:
@@ -436,7 +436,7 @@ class Trainer:
         restore(blob, self.in_memory)
         self.checkpoints.last_saved = step
         memory.after_recovery(step, joiner, blob)
-        ctx.store.set(inprocess.done_key(ctx.generation, ctx.rank), "1")
+        ctx.store.set(protocol.done_key(ctx.generation, ctx.rank), "1")
         took = time.perf_counter() - began
         self._say(
             f"recovered in process: rank {joiner} replaced by a warm spare, state of step {step} restored from "

@@ -31,8 +31,8 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def issue(session: Session, user: User, name: str, now: float, expires_at: float | None) -> tuple[Token, str]:
-    """A new token for ``user``: the row to keep and the token itself, to hand over once."""
+def issue(user: User, name: str, now: float, expires_at: float | None) -> tuple[Token, str]:
+    """A new token for ``user``: the row to keep (the caller adds it) and the token itself, to hand over once."""
     token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
     row = Token(
         id=token_id,
@@ -43,7 +43,6 @@ def issue(session: Session, user: User, name: str, now: float, expires_at: float
         expires_at=expires_at,
         revoked_at=None,
     )
-    session.add(row)
     return row, f"phx_{token_id}_{secret}"
 
 

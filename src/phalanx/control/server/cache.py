@@ -13,8 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control import scheduler as core
-from phalanx.control.server.lifecycle import ACTIVE, S
-from phalanx.control.store import Execution, Job, Tenant
+from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant
 from phalanx.obs.events import read_jsonl_from
 
 # What the cache reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
@@ -51,7 +50,7 @@ class Cache:
         for job in active:
             state.submit(self._core_job(job, served))
             execution = s.scalar(select(Execution).where(Execution.job == job.seq, Execution.attempt == job.attempt))
-            running = job.state == S.RUNNING and execution is not None
+            running = job.state == JobState.RUNNING and execution is not None
             state.start(job.id, job.placement, execution.started_at if running else now)
             if running and execution.run_dir is not None:
                 committed = self.checkpoints(execution.run_dir)
@@ -60,7 +59,7 @@ class Cache:
             if job.evicting_for is not None or job.cancel_requested:
                 state.ask_to_evict(job.id, job.evicting_for or "")
         state.usage = self._usage(s, now)
-        pending = s.execute(select(*_QUEUED).where(Job.state == S.PENDING).order_by(Job.seq)).all()
+        pending = s.execute(select(*_QUEUED).where(Job.state == JobState.PENDING).order_by(Job.seq)).all()
         for job in pending:
             state.submit(self._core_job(job, served))
             self.reasons[job.id] = job.reason
@@ -79,7 +78,7 @@ class Cache:
         rows = s.execute(
             select(Job.tenant, Job.gpus, func.sum(Execution.ended_at - Execution.started_at))
             .join(Execution, Execution.job == Job.seq)
-            .where(Job.state == S.SUCCEEDED)
+            .where(Job.state == JobState.SUCCEEDED)
             .group_by(Job.seq, Job.tenant, Job.gpus, Job.ended_at)
             .order_by(Job.ended_at.desc(), Job.seq.desc())
             .limit(PREDICTOR_HISTORY)
@@ -94,7 +93,7 @@ class Cache:
         rows = s.execute(
             select(Execution.job, Execution.gpus, Execution.started_at, Execution.ended_at)
             .join(Job, Job.seq == Execution.job)
-            .where(Job.state.in_((S.PENDING, *ACTIVE)), Execution.ended_at.is_not(None))
+            .where(Job.state.in_((JobState.PENDING, *ACTIVE)), Execution.ended_at.is_not(None))
             .order_by(Execution.job, Execution.attempt)
         )
         for seq, gpus, started, ended in rows:
@@ -142,14 +141,16 @@ class Cache:
         assert state is not None
         if self._tenants(s) != list(state.tenants.values()):
             raise Stale("the tenants changed")
-        pending = dict(s.execute(select(Job.id, Job.seq).where(Job.state == S.PENDING)).all())
+        pending = dict(s.execute(select(Job.id, Job.seq).where(Job.state == JobState.PENDING)).all())
         for job_id in [j for j in state.queue.jobs if j not in pending]:
             state.withdraw(job_id)
             self.reasons.pop(job_id, None)
         new = [seq for job_id, seq in pending.items() if job_id not in state.queue.jobs]
         if new:
             wanted = set(new)
-            rows = s.execute(select(*_QUEUED).where(Job.state == S.PENDING, Job.seq >= min(new)).order_by(Job.seq))
+            rows = s.execute(
+                select(*_QUEUED).where(Job.state == JobState.PENDING, Job.seq >= min(new)).order_by(Job.seq)
+            )
             for job in rows:
                 if job.seq in wanted:
                     state.submit(self._core_job(job))  # a job running here and pending there: ValueError, rebuilt

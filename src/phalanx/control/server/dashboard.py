@@ -5,15 +5,11 @@ the live channel (a WebSocket that sends a view again whenever it changed)."""
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from phalanx.control.server import views
-from phalanx.control.server.lifecycle import ACTIVE, FINAL, S
-from phalanx.control.store import Execution, Job, Scope, user_name
+from phalanx.control.store import FINAL, Execution, Job, JobState, Scope, user_name
 from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
@@ -31,7 +27,7 @@ def job_row(caller: Scope, job: Job) -> dict[str, Any]:
     done, total = views.progress(job, runs)
     last = views.last_line(runs[-1][1].metrics) if runs else None
     step_s = (last or {}).get("step_time_s")
-    eta = (total - done) * step_s if job.state == S.RUNNING and done and total and step_s else None
+    eta = (total - done) * step_s if job.state == JobState.RUNNING and done and total and step_s else None
     summaries = [_summary(run) for _, run in runs]
     return {
         "id": job.id,
@@ -142,31 +138,21 @@ def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, A
     """GPUs in use per tenant against quota and borrowing, the queue with why each job waits, preemptions, and
     the GPUs allocated over the last day."""
     now = time.time() if now is None else now
-    tenants = caller.tenants()
-    held: dict[str, int] = defaultdict(int)
-    preempted: dict[str, int] = defaultdict(int)
-    for tenant, state, gpus, preemptions in caller.session.execute(
-        select(Job.tenant, Job.state, func.sum(Job.gpus), func.sum(Job.preemptions))
-        .where(Job.tenant.in_([t.name for t in tenants]))
-        .group_by(Job.tenant, Job.state)
-    ):
-        held[tenant] += gpus if state in ACTIVE else 0
-        preempted[tenant] += preemptions or 0
-    queue = caller.jobs(states=[S.PENDING], limit=JOBS_SHOWN)
+    queue = caller.jobs(states=[JobState.PENDING], limit=JOBS_SHOWN)
     since = now - 24 * 3600
     executions = caller.executions(since=since)
     return {
         "capacity": capacity,
         "tenants": [
             {
-                "name": t.name,
-                "quota_gpus": t.quota_gpus,
-                "borrowing_limit": t.borrowing_limit,
-                "cohort": t.cohort,
-                "gpus_in_use": held[t.name],
-                "preemptions": preempted[t.name],
+                "name": load.tenant.name,
+                "quota_gpus": load.tenant.quota_gpus,
+                "borrowing_limit": load.tenant.borrowing_limit,
+                "cohort": load.tenant.cohort,
+                "gpus_in_use": load.gpus_in_use,
+                "preemptions": load.preemptions,
             }
-            for t in tenants
+            for load in caller.tenant_loads()
         ],
         "queue": [_queued(j, now) for j in queue],
         "utilisation": _utilisation([e for e, _ in executions], since, now),

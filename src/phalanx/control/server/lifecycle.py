@@ -8,36 +8,21 @@ in the same transaction as the change, so a job's history is complete whatever c
 
 from __future__ import annotations
 
-import enum
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from phalanx.control.store import Job, Role, Scope, Transition
+from phalanx.control.store import FINAL, Job, JobState, Role, Scope, Transition
 from phalanx.launch.preflight import preflight
 from phalanx.spec import JobSpec, SpecError, SpecIssue, dump_spec, parse_spec
 
-
-class JobState(enum.StrEnum):
-    PENDING = "PENDING"
-    ADMITTED = "ADMITTED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    PREEMPTED = "PREEMPTED"
-
-
-S = JobState
-FINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
-ACTIVE = (S.ADMITTED, S.RUNNING)  # holding GPUs
 _NEXT: dict[JobState, set[JobState]] = {
-    S.PENDING: {S.ADMITTED, S.CANCELLED},
-    S.ADMITTED: {S.RUNNING, S.PENDING, S.FAILED, S.CANCELLED},
-    S.RUNNING: {S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.PENDING},
-    S.PREEMPTED: {S.PENDING},
+    JobState.PENDING: {JobState.ADMITTED, JobState.CANCELLED},
+    JobState.ADMITTED: {JobState.RUNNING, JobState.PENDING, JobState.FAILED, JobState.CANCELLED},
+    JobState.RUNNING: {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.PENDING},
+    JobState.PREEMPTED: {JobState.PENDING},
 }
 
 
@@ -102,9 +87,12 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         spec=dump_spec(spec),
         workdir=sub.workdir,
         priority=sub.priority,
+        total_steps=spec.train.steps if spec.train is not None else None,
+        nodes=spec.resources.nodes,
+        checkpoint_dir=spec.checkpoint.dir,
         workers=workers,
         gpus=workers * per_worker,
-        state=S.PENDING,
+        state=JobState.PENDING,
         reason="queued",
         submitted_at=now,
         queued_at=now,
@@ -116,7 +104,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
     scope.session.add(job)
     scope.session.flush()  # its seq
     cause = f"submitted by {who.user} with priority {sub.priority}"
-    scope.session.add(Transition(job=job.seq, at=now, from_state=None, to_state=S.PENDING, cause=cause))
+    scope.session.add(Transition(job=job.seq, at=now, from_state=None, to_state=JobState.PENDING, cause=cause))
     return job
 
 
@@ -125,10 +113,10 @@ def cancel(scope: Scope, job: Job, now: float) -> bool:
     scope.may_cancel(job)
     if job.state in FINAL:
         raise Conflict(f"job {job.id} already ended: {job.state}")
-    if job.state in (S.PENDING, S.PREEMPTED):
-        if job.state == S.PREEMPTED:
-            move(scope.session, job, S.PENDING, "requeued to be cancelled", now)
-        move(scope.session, job, S.CANCELLED, f"cancelled by {scope.who.user}", now)
+    if job.state in (JobState.PENDING, JobState.PREEMPTED):
+        if job.state == JobState.PREEMPTED:
+            move(scope.session, job, JobState.PENDING, "requeued to be cancelled", now)
+        move(scope.session, job, JobState.CANCELLED, f"cancelled by {scope.who.user}", now)
         return False
     job.cancel_requested = True
     job.reason = f"cancelling at the request of {scope.who.user}: the job checkpoints and stops"

@@ -25,12 +25,11 @@ from phalanx.checkpoint import CheckpointDir
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, Launch, Phase, Status
 from phalanx.control.server.cache import Cache, Stale
-from phalanx.control.server.lifecycle import S, move
-from phalanx.control.store import Execution, Job, Store
+from phalanx.control.server.lifecycle import move
+from phalanx.control.store import Execution, Job, JobState, Store
 from phalanx.obs.events import read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
-from phalanx.spec import parse_spec
 
 log = logging.getLogger("phalanx.server")
 MAX_LOST = 3  # executions lost (their process gone without a result) before the job is failed
@@ -60,7 +59,7 @@ class Controller:
     def start(self) -> None:
         """Adopt what runs from before (a restarted server), then loop in a thread."""
         with self.store.read() as s:
-            for job in s.scalars(select(Job).where(Job.state == S.RUNNING)):
+            for job in s.scalars(select(Job).where(Job.state == JobState.RUNNING)):
                 self.executor.adopt(job.handle)
         self._thread = threading.Thread(target=self._loop, name="phalanx-scheduler", daemon=True)
         self._thread.start()
@@ -120,7 +119,7 @@ class Controller:
             running = s.execute(
                 select(Job, Execution)
                 .join(Execution, (Execution.job == Job.seq) & (Execution.attempt == Job.attempt))
-                .where(Job.state == S.RUNNING)
+                .where(Job.state == JobState.RUNNING)
             ).all()
         news, checkpointed = [], {}
         for job, execution in running:
@@ -138,7 +137,9 @@ class Controller:
             with self.store.write() as s:
                 for before, seen in news:
                     job = s.scalar(
-                        select(Job).where(Job.id == before.id, Job.state == S.RUNNING, Job.attempt == before.attempt)
+                        select(Job).where(
+                            Job.id == before.id, Job.state == JobState.RUNNING, Job.attempt == before.attempt
+                        )
                     )
                     if job is None:
                         continue
@@ -175,18 +176,18 @@ class Controller:
         job.handle, job.placement = None, None
         how = "gone"
         if status.phase is Phase.EXITED and status.outcome == "succeeded":
-            move(s, job, S.SUCCEEDED, status.reason, now)
+            move(s, job, JobState.SUCCEEDED, status.reason, now)
             how = "finished"
         elif status.phase is Phase.EXITED and status.outcome == "failed":
-            move(s, job, S.FAILED, status.reason, now)
+            move(s, job, JobState.FAILED, status.reason, now)
         elif job.cancel_requested:
-            move(s, job, S.CANCELLED, f"cancelled: {status.reason or 'its process is gone'}", now)
+            move(s, job, JobState.CANCELLED, f"cancelled: {status.reason or 'its process is gone'}", now)
         elif status.phase is Phase.EXITED:  # stopped by a signal: asked to make room, or from outside
             step = seen.checkpoint_step
             resume = f"it resumes from the checkpoint of step {step}" if step is not None else "no checkpoint yet"
             how = "requeued"
             if job.evicting_for is not None:
-                move(s, job, S.PREEMPTED, f"{job.reason}; stopped with its checkpoint committed ({resume})", now)
+                move(s, job, JobState.PREEMPTED, f"{job.reason}; stopped with its checkpoint committed ({resume})", now)
                 job.preemptions += 1
                 job.preempted_by = sorted({*job.preempted_by, job.evicting_for})
                 self._requeue(s, job, f"requeued after preemption; {resume}", now)
@@ -196,7 +197,7 @@ class Controller:
         else:  # lost
             lost = s.scalar(select(func.count()).where(Execution.job == job.seq, Execution.outcome == "lost"))
             if lost >= MAX_LOST:
-                move(s, job, S.FAILED, f"lost {lost} times; the last: {status.reason}", now)
+                move(s, job, JobState.FAILED, f"lost {lost} times; the last: {status.reason}", now)
             else:
                 self._requeue(s, job, f"execution lost ({status.reason}); requeued", now)
                 how = "requeued"
@@ -204,7 +205,7 @@ class Controller:
         return job.id, how, float(held_s or 0.0), job.reason
 
     def _requeue(self, s: Session, job: Job, cause: str, now: float) -> None:
-        move(s, job, S.PENDING, cause, now)
+        move(s, job, JobState.PENDING, cause, now)
         job.evicting_for, job.queued_at = None, now
 
     # --- 2: one scheduling round
@@ -228,7 +229,7 @@ class Controller:
             if reasons:  # one statement for many rows (executemany)
                 jobs = Job.__table__
                 s.connection().execute(
-                    update(jobs).where(jobs.c.id == bindparam("key"), jobs.c.state == S.PENDING),
+                    update(jobs).where(jobs.c.id == bindparam("key"), jobs.c.state == JobState.PENDING),
                     [{"key": job_id, "reason": text} for job_id, text in reasons.items()],
                 )
 
@@ -238,27 +239,28 @@ class Controller:
         record its handle. A crash in between is repaired by the next start of the server: the job is still
         admitted, and starting its (job, attempt) again finds the execution already started."""
         with self.store.read() as s:
-            admitted = s.scalars(select(Job).where(Job.state == S.ADMITTED).order_by(Job.seq)).all()
+            admitted = s.scalars(select(Job).where(Job.state == JobState.ADMITTED).order_by(Job.seq)).all()
         failed = []
         for job in admitted:
-            spec = parse_spec(job.spec, source=f"job {job.id}")
-            launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, spec.resources.nodes)
+            launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, job.nodes)
             try:
                 handle, error = self.executor.start(launch), None
             except Exception as e:
                 handle, error = None, e
             now = self.clock()
             with self.store.write() as s:
-                row = s.scalar(select(Job).where(Job.id == job.id, Job.state == S.ADMITTED, Job.attempt == job.attempt))
+                row = s.scalar(
+                    select(Job).where(Job.id == job.id, Job.state == JobState.ADMITTED, Job.attempt == job.attempt)
+                )
                 if row is None:  # only this loop moves an admitted job on
                     continue
                 if error is not None:
-                    move(s, row, S.FAILED, f"the {self.executor.name} executor could not start it: {error}", now)
+                    move(s, row, JobState.FAILED, f"the {self.executor.name} executor could not start it: {error}", now)
                     failed.append((row.id, "gone", 0.0, row.reason))
                     continue
                 row.handle = handle
                 s.add(Execution(job=row.seq, tenant=row.tenant, attempt=row.attempt, gpus=row.gpus, started_at=now))
-                move(s, row, S.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)
+                move(s, row, JobState.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)
         if failed:
             self.cache.ended(failed, self.clock())
 
@@ -270,7 +272,7 @@ class Controller:
                 (job, _execution(s, job).run_dir)
                 for job in s.scalars(
                     select(Job).where(
-                        Job.state == S.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)
+                        Job.state == JobState.RUNNING, Job.evicting_for.is_not(None) | Job.cancel_requested.is_(True)
                     )
                 )
                 if (job.id, job.attempt) not in self._signalled
@@ -323,16 +325,22 @@ class _Recorder:
         self.s = session
 
     def admit(self, admit: core.Admit, now: float) -> bool:
-        job = self.s.scalar(select(Job).where(Job.id == admit.job, Job.state == S.PENDING))
+        job = self.s.scalar(select(Job).where(Job.id == admit.job, Job.state == JobState.PENDING))
         if job is None:  # cancelled since the cache was synced
             return False
         job.placement, job.attempt = admit.placement, job.attempt + 1
         where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
-        move(self.s, job, S.ADMITTED, f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else ""), now)
+        move(
+            self.s,
+            job,
+            JobState.ADMITTED,
+            f"admitted on {where}" + (" (borrowed GPUs)" if admit.borrowing else ""),
+            now,
+        )
         return True
 
     def preempt(self, preempt: core.Preempt, now: float) -> bool:
-        victim = self.s.scalar(select(Job).where(Job.id == preempt.job, Job.state == S.RUNNING))
+        victim = self.s.scalar(select(Job).where(Job.id == preempt.job, Job.state == JobState.RUNNING))
         if victim is None or victim.evicting_for is not None:
             return False
         victim.evicting_for = preempt.for_job
@@ -342,10 +350,9 @@ class _Recorder:
 
 def _newest_checkpoint(job: Job) -> int | None:
     """The newest committed checkpoint's step, to say where the job resumes (the job verifies it on load)."""
-    where = parse_spec(job.spec, source=f"job {job.id}").checkpoint.dir
-    if not where:
+    if not job.checkpoint_dir:
         return None
-    checkpoints = CheckpointDir(where)
+    checkpoints = CheckpointDir(job.checkpoint_dir)
     return next((step for step in reversed(checkpoints.steps()) if checkpoints.committed(step)), None)
 
 

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
 from phalanx.control.server import auth
-from phalanx.control.server.app import MAX_TOKEN_S, Server, create_app
+from phalanx.control.server.app import create_app
+from phalanx.control.server.deps import MAX_TOKEN_S, Server
 from phalanx.control.server.loop import Controller
 from phalanx.control.store import Role, Store, User, open_store
 
@@ -48,7 +49,8 @@ def bootstrap(store: Store) -> str | None:
         admin = User(name="admin", tenant=None, role=Role.ADMIN, created_at=now)
         s.add(admin)
         s.flush()
-        _, token = auth.issue(s, admin, "bootstrap", now, expires_at=None)
+        row, token = auth.issue(admin, "bootstrap", now, expires_at=None)
+        s.add(row)
         return token
 
 

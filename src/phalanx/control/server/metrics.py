@@ -14,11 +14,9 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-from sqlalchemy import func, select
 
-from phalanx.control.server.lifecycle import ACTIVE, S
 from phalanx.control.server.views import last_line
-from phalanx.control.store import Job, Scope, Transition
+from phalanx.control.store import JobState, Scope
 from phalanx.obs.events import RESTARTS, read_jsonl
 from phalanx.obs.goodput import ledger
 from phalanx.obs.rundir import RunDir
@@ -45,13 +43,6 @@ class ServerCollector(Collector):
         cluster = GaugeMetricFamily("phalanx_cluster_gpus", "GPUs (or CPU slots) the executor offers")
         cluster.add_metric([], self.cluster_gpus)
         yield cluster
-        tenants = self.caller.tenants()
-        names = [t.name for t in tenants]
-        rows = self.caller.session.execute(
-            select(Job.tenant, Job.state, func.count(), func.sum(Job.gpus), func.sum(Job.preemptions))
-            .where(Job.tenant.in_(names))
-            .group_by(Job.tenant, Job.state)
-        ).all()
         jobs = GaugeMetricFamily("phalanx_jobs", "jobs by state", labels=["tenant", "state"])
         queue = GaugeMetricFamily("phalanx_queue_jobs", "jobs waiting for admission (PENDING)", labels=["tenant"])
         allocated = GaugeMetricFamily(
@@ -64,35 +55,24 @@ class ServerCollector(Collector):
         preemptions = CounterMetricFamily(
             "phalanx_preemptions", "times the tenant's jobs were preempted to make room", labels=["tenant"]
         )
-        by_tenant: dict[str, dict[str, tuple[int, int, int]]] = defaultdict(dict)
-        for tenant, state, n, gpus, preempted in rows:
-            by_tenant[tenant][state] = (n, gpus or 0, preempted or 0)
-        for t in tenants:
-            states = by_tenant[t.name]
-            for state in S:
-                jobs.add_metric([t.name, state.value], states.get(state, (0, 0, 0))[0])
-            queue.add_metric([t.name], states.get(S.PENDING, (0, 0, 0))[0])
-            allocated.add_metric([t.name], sum(states.get(s, (0, 0, 0))[1] for s in ACTIVE))
+        for load in self.caller.tenant_loads():
+            t = load.tenant
+            for state in JobState:
+                jobs.add_metric([t.name, state.value], load.jobs.get(state, 0))
+            queue.add_metric([t.name], load.jobs_pending)
+            allocated.add_metric([t.name], load.gpus_in_use)
             quota.add_metric([t.name], t.quota_gpus)
             if t.borrowing_limit is not None:
                 borrowing.add_metric([t.name], t.borrowing_limit)
-            preemptions.add_metric([t.name], sum(p for _, _, p in states.values()))
+            preemptions.add_metric([t.name], load.preemptions)
         yield from (jobs, queue, allocated, quota, borrowing, preemptions)
 
     def _admissions(self) -> Iterator[Metric]:
         """Each admission's wait since the job was last queued, from the transitions."""
-        stmt = (
-            select(Job.tenant, Transition.job, Transition.to_state, Transition.at)
-            .join(Job, Job.seq == Transition.job)
-            .where(Transition.to_state.in_((S.PENDING, S.ADMITTED)))
-            .order_by(Transition.job, Transition.id)
-        )
-        if not self.caller.who.is_admin:
-            stmt = stmt.where(Job.tenant == self.caller.who.tenant)
         waits: dict[str, list[float]] = defaultdict(list)
         queued: dict[int, float] = {}
-        for tenant, job, to, at in self.caller.session.execute(stmt):
-            if to == S.PENDING:
+        for tenant, job, to, at in self.caller.queueings():
+            if to == JobState.PENDING:
                 queued[job] = at
             elif job in queued:
                 waits[tenant].append(at - queued.pop(job))

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.checkpoint import CheckpointDir
-from phalanx.control.server.lifecycle import FINAL
 from phalanx.control.server.models import LogChunk, Usage, UsageReport
-from phalanx.control.store import Execution, Job, NotFound, Scope
+from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope
 from phalanx.obs.events import read_jsonl
 from phalanx.obs.goodput import CATEGORIES, ledger
 from phalanx.obs.rundir import RunDir
-from phalanx.spec import parse_spec
 
 LOG_CHUNK = 1 << 20
 
@@ -28,8 +26,7 @@ def run_dirs(scope: Scope, job: Job) -> list[tuple[int, RunDir]]:
 def progress(job: Job, runs: list[tuple[int, RunDir]]) -> tuple[int | None, int | None]:
     """(steps done, steps in all) as rank 0's metrics last said, from the newest execution that said it; the
     total from the recipe's spec or the script's own report."""
-    spec = parse_spec(job.spec, source=f"job {job.id}")
-    total = spec.train.steps if spec.train is not None else None
+    total = job.total_steps
     for _, run in reversed(runs):
         last = last_line(run.metrics)
         if last is not None:
@@ -87,10 +84,9 @@ def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
 
 
 def checkpoints(job: Job) -> list[dict[str, Any]]:
-    where = parse_spec(job.spec, source=f"job {job.id}").checkpoint.dir
-    if where is None:
+    if job.checkpoint_dir is None:
         return []
-    found = CheckpointDir(where)
+    found = CheckpointDir(job.checkpoint_dir)
     return [
         {"step": step, "location": found.location(step), "problem": found.verify(step), "bytes": found.size(step)}
         for step in found.steps()

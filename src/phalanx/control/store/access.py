@@ -5,13 +5,25 @@ the filter; what another tenant owns is not found (404), never forbidden (403), 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from phalanx.control.store.schema import Execution, Job, Tenant, Token, Transition, User, user_key, user_name
+from phalanx.control.store.schema import (
+    ACTIVE,
+    Base,
+    Execution,
+    Job,
+    JobState,
+    Tenant,
+    Token,
+    Transition,
+    User,
+    user_key,
+    user_name,
+)
 from phalanx.spec import excerpt
 
 
@@ -55,12 +67,44 @@ class Identity:
         return user_key(self.tenant, self.user)
 
 
+@dataclass(frozen=True)
+class TenantLoad:
+    """A tenant's quota, and what its jobs hold and wait for now."""
+
+    tenant: Tenant
+    jobs: dict[str, int]  # by state
+    gpus_in_use: int  # held by admitted and running jobs
+    preemptions: int  # of its jobs, ever
+
+    @property
+    def jobs_active(self) -> int:
+        return sum(self.jobs.get(state, 0) for state in ACTIVE)
+
+    @property
+    def jobs_pending(self) -> int:
+        return self.jobs.get(JobState.PENDING, 0)
+
+
 class Scope:
     def __init__(self, session: Session, who: Identity):
         self.session, self.who = session, who
 
     def _mine(self, stmt: Select, tenant_column) -> Select:
         return stmt if self.who.is_admin else stmt.where(tenant_column == self.who.tenant)
+
+    # --- writes
+    def add(self, row: Base) -> None:
+        """A new row, flushed: its key is taken now, and a duplicate is found now (IntegrityError: a 409)."""
+        self.session.add(row)
+        self.session.flush()
+
+    def has_tenant(self, name: str) -> bool:
+        """Whether a tenant of this name exists: a clear 409 before creating one (asked after require_admin)."""
+        return self.session.get(Tenant, name) is not None
+
+    def has_user(self, key: str) -> bool:
+        """Whether a user of this key (``user_key``) exists: a clear 409 before creating one."""
+        return self.session.get(User, key) is not None
 
     # --- reads
     def tenants(self) -> Sequence[Tenant]:
@@ -71,6 +115,23 @@ class Scope:
         if found is None or not (self.who.is_admin or found.name == self.who.tenant):
             raise NotFound("tenant", name)
         return found
+
+    def tenant_loads(self) -> list[TenantLoad]:
+        """Each visible tenant's load, in one query: what /quota, the dashboard's fleet and /metrics show."""
+        tenants = self.tenants()
+        jobs: dict[str, dict[str, int]] = {t.name: {} for t in tenants}
+        gpus = dict.fromkeys(jobs, 0)
+        preemptions = dict.fromkeys(jobs, 0)
+        rows = self.session.execute(
+            select(Job.tenant, Job.state, func.count(), func.sum(Job.gpus), func.sum(Job.preemptions))
+            .where(Job.tenant.in_(list(jobs)))
+            .group_by(Job.tenant, Job.state)
+        )
+        for tenant, state, n, held, preempted in rows:
+            jobs[tenant][state] = n
+            gpus[tenant] += (held or 0) if state in ACTIVE else 0
+            preemptions[tenant] += preempted or 0
+        return [TenantLoad(t, jobs[t.name], gpus[t.name], preemptions[t.name]) for t in tenants]
 
     def jobs(
         self,
@@ -110,6 +171,16 @@ class Scope:
             stmt = stmt.where(Execution.job == job.seq)
         stmt = stmt.where((Execution.ended_at.is_(None)) | (Execution.ended_at >= since))
         return [(e, job_id) for e, job_id in self.session.execute(stmt.order_by(Execution.id))]
+
+    def queueings(self) -> Iterator[tuple[str, int, str, float]]:
+        """(tenant, job seq, PENDING or ADMITTED, when) of every visible job's transitions into the queue and out
+        of it, job by job in order: what admission latency is measured from."""
+        stmt = self._mine(
+            select(Job.tenant, Transition.job, Transition.to_state, Transition.at).join(Job, Job.seq == Transition.job),
+            Job.tenant,
+        )
+        stmt = stmt.where(Transition.to_state.in_((JobState.PENDING, JobState.ADMITTED)))
+        yield from self.session.execute(stmt.order_by(Transition.job, Transition.id))
 
     def users(self) -> Sequence[User]:
         return self.session.scalars(self._mine(select(User), User.tenant).order_by(User.name)).all()

@@ -3,10 +3,28 @@ stored as the resolved YAML the job runs with."""
 
 from __future__ import annotations
 
+import enum
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class JobState(enum.StrEnum):
+    """A job's state: PENDING, ADMITTED, RUNNING, then SUCCEEDED, FAILED or CANCELLED; a preempted job goes
+    RUNNING, PREEMPTED, PENDING."""
+
+    PENDING = "PENDING"
+    ADMITTED = "ADMITTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"
+
+
+FINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE = (JobState.ADMITTED, JobState.RUNNING)  # holding GPUs
 
 
 class Base(DeclarativeBase):
@@ -71,6 +89,10 @@ class Job(Base):
     spec: Mapped[str] = mapped_column(Text)
     workdir: Mapped[str] = mapped_column(Text)
     priority: Mapped[int] = mapped_column(Integer)
+    # what the server reads of the spec, stored at submit so that it is never parsed again
+    total_steps: Mapped[int | None] = mapped_column(Integer)  # the recipe's; None: a script, which reports its own
+    nodes: Mapped[int] = mapped_column(Integer, server_default="1")  # spares not counted
+    checkpoint_dir: Mapped[str | None] = mapped_column(Text)  # a path or a URL
     workers: Mapped[int] = mapped_column(Integer)  # the gang: workers x (gpus / workers) GPUs each
     gpus: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))

@@ -1,6 +1,14 @@
-"""In-process recovery, the workers' side: a rank whose collective failed because a peer died keeps its
-process, leaves the broken process group, joins the next one (a fresh prefix of the attempt's store, the
-same ranks and world size, a warm spare in the dead rank's place) and restores its state from memory.
+"""The worker <-> supervisor protocol: the keys of the attempt's c10d store, which the supervisor hosts, and
+the exchanges over them. It sits at the bottom layer so that the workers' side (train/, checkpoint/) and the
+supervisor's (launch/) reach it without importing upward.
+
+Heartbeats: each rank sets ``HEARTBEAT_KEY`` (its step, and its compute time for straggler detection).
+Chaos: ``phalanx chaos nan|spike`` sets ``CHAOS_LOSS_KEY``; rank 0 makes its next step's loss bad and
+deletes it.
+
+In-process recovery: a rank whose collective failed because a peer died keeps its process, leaves the broken
+process group, joins the next one (a fresh prefix of the attempt's store, the same ranks and world size, a
+warm spare in the dead rank's place; train/sdk.py) and restores its state from memory.
 
 Gloo cannot abort a collective in flight, so recovery is built on how its collectives end: a dead peer's
 sockets are closed by its kernel, and every collective waiting on it fails at once with a connection error
@@ -12,8 +20,10 @@ and given up (``PeerLost``) once the supervisor has started a recovery. What doe
 within ``resilience.recovery_timeout_s``, or the supervisor sees no rank done in that time, and the job
 falls back to a restart from its last checkpoint.
 
-Every exchange is a key of the attempt's c10d store, which the supervisor hosts:
+The keys:
 
+    phalanx/heartbeat/<r>            rank r's last step
+    phalanx/chaos/loss               nan | spike: the next step's loss is made bad
     phalanx/recovery/<g>             supervisor: generation g replaces rank ``rank`` by spare ``spare``
     phalanx/recovery/<g>/have/<r>    survivor r of generation g: the snapshot steps it holds whole
     phalanx/recovery/<g>/done/<r>    rank r has restored its state and trains in generation g
@@ -24,17 +34,14 @@ Every exchange is a key of the attempt's c10d store, which the supervisor hosts:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime
-import gc
 import json
-import sys
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+HEARTBEAT_KEY = "phalanx/heartbeat/{rank}"
+CHAOS_LOSS_KEY = "phalanx/chaos/loss"  # set by `phalanx chaos nan|spike`: the next step's loss is made bad
 # How a gloo collective fails when a peer's process is gone (its sockets closed by its kernel).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 
@@ -103,37 +110,6 @@ def assignment(store: dist.Store, spare: int) -> dict[str, Any]:
     """Spare ``spare``: say it is ready, then wait until the supervisor gives it a rank ({rank, generation})."""
     store.set(ready_key(spare), "1")
     return _get(store, assign_key(spare), None)
-
-
-def leave() -> None:
-    """Destroy every process group of this process (the default one, the mesh's, the checkpoint's): their
-    sockets close, so a survivor still waiting in one of them fails too and joins the recovery."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _give_back_memory()
-
-
-def _give_back_memory() -> None:
-    """Free what the old groups, model and optimizer held and return it to the OS (glibc keeps freed memory
-    in its arenas otherwise): a process that recovers many times stays its size."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def join(store: dist.Store, generation: int, rank: int, world_size: int, device: torch.device) -> None:
-    """Join generation ``generation``'s process group."""
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    hook = sys.excepthook  # each init wraps it again to prefix "[rank<r>]"; a survivor keeps the one it has
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"phalanx/pg/{generation}", store),
-        rank=rank,
-        world_size=world_size,
-        device_id=device if device.type == "cuda" else None,
-    )
-    if getattr(hook, "__name__", "") == "_distributed_excepthook":
-        sys.excepthook = hook
 
 
 def agree(store: dist.Store, generation: int, rank: int, joiner: int, steps: list[int], timeout_s: float) -> int:

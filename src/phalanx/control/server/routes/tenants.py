@@ -1,0 +1,81 @@
+"""Tenants, their quotas and what they use."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import Query
+
+from phalanx.control.server import views
+from phalanx.control.server.deps import ServerDep, Token
+from phalanx.control.server.lifecycle import Conflict
+from phalanx.control.server.models import Quota, TenantIn, TenantOut, TenantPatch, UsageReport
+from phalanx.control.server.routes import router as _router
+from phalanx.control.store import Tenant
+
+router = _router()
+
+
+@router.get("/api/v1/tenants", tags=["tenants"])
+async def list_tenants(server: ServerDep, token: Token) -> list[TenantOut]:
+    with server.scope(token) as caller:
+        return [TenantOut.model_validate(t) for t in caller.tenants()]
+
+
+@router.post("/api/v1/tenants", status_code=201, tags=["tenants"])
+def create_tenant(body: TenantIn, server: ServerDep, token: Token) -> TenantOut:
+    with server.scope(token, write=True) as caller:
+        caller.require_admin("creating a tenant")
+        if caller.has_tenant(body.name):
+            raise Conflict(f"tenant {body.name!r} already exists")
+        tenant = Tenant(**body.model_dump(), created_at=time.time())
+        caller.add(tenant)
+        created = TenantOut.model_validate(tenant)
+    server.wake()
+    return created
+
+
+@router.get("/api/v1/tenants/{name}", tags=["tenants"])
+async def get_tenant(name: str, server: ServerDep, token: Token) -> TenantOut:
+    with server.scope(token) as caller:
+        return TenantOut.model_validate(caller.tenant(name))
+
+
+@router.patch("/api/v1/tenants/{name}", tags=["tenants"])
+def update_tenant(name: str, body: TenantPatch, server: ServerDep, token: Token) -> TenantOut:
+    with server.scope(token, write=True) as caller:
+        tenant = caller.tenant(name)
+        caller.require_admin(f"changing tenant {name}'s quota")
+        for field, value in body.model_dump(exclude_unset=True).items():
+            setattr(tenant, field, value)
+        changed = TenantOut.model_validate(tenant)
+    server.wake()
+    return changed
+
+
+@router.get("/api/v1/quota", tags=["tenants"])
+async def quota(server: ServerDep, token: Token) -> list[Quota]:
+    with server.scope(token) as caller:
+        return [
+            Quota(
+                tenant=load.tenant.name,
+                quota_gpus=load.tenant.quota_gpus,
+                cohort=load.tenant.cohort,
+                borrowing_limit=load.tenant.borrowing_limit,
+                gpus_in_use=load.gpus_in_use,
+                jobs_running=load.jobs_active,
+                jobs_pending=load.jobs_pending,
+            )
+            for load in caller.tenant_loads()
+        ]
+
+
+@router.get("/api/v1/usage", tags=["tenants"])
+def usage(
+    server: ServerDep,
+    token: Token,
+    since: Annotated[float, Query(ge=0, le=1e11, allow_inf_nan=False, description="Unix seconds")] = 0.0,
+) -> UsageReport:
+    with server.scope(token) as caller:
+        return views.usage(caller, since, time.time())
