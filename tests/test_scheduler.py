@@ -255,22 +255,30 @@ def test_a_tenant_below_its_quota_gets_it_back(nodes: int, lender_nodes: int, pr
     assert state.cluster.free_gpus == 0  # the borrower still has the rest
 
 
-def test_backfill_fills_holes_without_delaying_the_reservation() -> None:
+@pytest.mark.parametrize("borrowing", [False, True])
+def test_backfill_fills_holes_without_delaying_the_reservation(borrowing: bool) -> None:
     """One 8-GPU node is half busy until t=1000; a 2-node job is first in line and must wait for it. A short
-    job (ends before t=1000) may use the free half; a long one may not, since it would delay the big job."""
+    job (ends before t=1000) may use the free half; a long one may not, since it would delay the big job.
+    Also when every job borrows its cohort's idle quota (a lender's), and the long job's tenant has used
+    less of its share than the big job's."""
     cluster = Cluster.uniform(1, 2, 8)
     policy = Phalanx()
-    state = State(cluster, [Tenant("t", 32)], Queue(policy.key))
+    if borrowing:
+        tenants = [Tenant("t", 0, "all"), Tenant("u", 0, "all"), Tenant("lender", 32, "all")]
+    else:
+        tenants = [Tenant("t", 32), Tenant("u", 32)]
+    state = State(cluster, tenants, Queue(policy.key))
     state.submit(Job("busy", "t", 1, 4, 0.0, predicted_s=1000))
     state.start("busy", {"r00n000": 4}, 0.0)
     state.submit(Job("big", "t", 2, 8, 1.0, predicted_s=50))
-    state.submit(Job("long", "t", 1, 4, 2.0, predicted_s=99_999))
+    state.submit(Job("long", "u", 1, 4, 2.0, predicted_s=99_999))
     state.submit(Job("short", "t", 1, 4, 3.0, predicted_s=100))
     decided = policy.schedule(state, 10.0)
     assert [a.job for a in decided.admit] == ["short"]
     assert decided.why("big").kind == "reservation" and decided.why("big").estimated_start == 1000.0
-    assert decided.why("long").kind == "reservation" and decided.why("long").behind == "big"
-    assert "would delay big" in decided.why("long").reason
+    if not borrowing:
+        assert decided.why("long").kind == "reservation" and decided.why("long").behind == "big"
+        assert "would delay big" in decided.why("long").reason
 
 
 def test_why_pending_names_the_quota() -> None:
@@ -340,3 +348,39 @@ def test_a_short_job_preempts_a_long_one_which_checkpoints_first_and_only_once()
     decided = policy.schedule(state, 1030.0)
     assert [a.job for a in decided.admit] == ["short"]  # the room made for it is its own
     assert state.queue.jobs["long"].preemptions == 1 and state.queue.jobs["long"].preempted_by == {"short"}
+
+
+def _tiresias_counters(gpus: int, runs: list[tuple[int, int]], until: int, threshold: int, knob: int) -> int:
+    """Reference: the Tiresias authors' simulator's counters (run_sim.py, dlas-gpu), second by second:
+    executed_time grows while running, last_pending_time while pending once the job has run, and a job of
+    the second queue whose pending time reaches knob x its executed time has both reset."""
+    executed = pending = 0
+    running = {t for started, ended in runs for t in range(started, ended)}
+    for t in range(runs[0][0] if runs else until, until):
+        if t in running:
+            executed += 1
+        elif executed > 0:
+            pending += 1
+            if executed * gpus >= threshold and pending >= knob * executed:
+                executed = pending = 0
+    return executed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([1, 2, 8]), st.lists(st.tuples(st.integers(0, 60), st.integers(1, 60)), max_size=5),
+       st.integers(0, 200))  # fmt: skip
+def test_tiresias_resets_a_promoted_jobs_service_as_its_authors_simulator_does(
+    gpus: int, spells: list[tuple[int, int]], pending_s: int
+) -> None:
+    from phalanx.control.scheduler.baselines import TiresiasLike
+
+    runs, t = [], 0
+    for gap, length in spells:
+        runs.append((t + gap, t + gap + length))
+        t += gap + length
+    until = t + pending_s
+    policy = TiresiasLike(threshold_gpu_s=40, promote_knob=2)
+    job = Job("j", "t", 1, gpus, 0.0, ran=tuple((float(a), float(b)) for a, b in runs))
+    executed = _tiresias_counters(gpus, runs, until, 40, 2)
+    assert policy.executed_s(job, float(until)) == executed
+    assert policy.level(job, float(until)) == int(executed * gpus >= 40)

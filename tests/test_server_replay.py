@@ -102,7 +102,7 @@ class TraceExecutor:
         if job not in self.runs:
             return  # it ended first
         self.work[job] = self.runs[job].left_at(now)
-        self.leaves[job] = now + COSTS.commit_s
+        self.leaves[job] = now + COSTS.commit(self.arrived[job].job.gpus)
         with self.store.read() as s:
             for_job = s.scalar(select(Job.evicting_for).where(Job.id == job))
         self.decided.append((now, "preempt", job, for_job))

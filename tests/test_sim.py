@@ -34,14 +34,14 @@ START = datetime(2017, 10, 1)
 
 
 def _trace(path: Path, jobs: int = 600, seed: int = 7) -> Path:
-    """Philly's columns and size mix, lognormal durations, three virtual clusters, two busy days."""
+    """Philly's columns and size mix, lognormal durations, three virtual clusters, two busy days and the day
+    before them."""
     rng = random.Random(seed)
     with path.open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["timestamp", "duration", "num_gpus", "gpu_time", "cluster"])
-        out.writerow([(START - timedelta(days=3)).isoformat(sep=" "), 500.0, 1, 500.0, "vc-a"])  # outside
-        for _ in range(jobs):
-            submit = START + timedelta(seconds=rng.uniform(0, 2 * 86400))
+        for i in range(jobs + jobs // 4):  # a quarter before the window: the past quotas are set from
+            submit = START + timedelta(seconds=rng.uniform(-86400, 0) if i >= jobs else rng.uniform(0, 2 * 86400))
             gpus = rng.choices([1, 2, 4, 8, 16, 32], [90, 3, 3, 2, 1, 1])[0]
             duration = round(min(rng.lognormvariate(7.5, 1.6), 4 * 86400), 1)
             vc = rng.choices(["vc-a", "vc-b", "vc-c"], [6, 3, 1])[0]
@@ -49,13 +49,17 @@ def _trace(path: Path, jobs: int = 600, seed: int = 7) -> Path:
     return path
 
 
-def test_the_trace_is_read_in_place_with_quotas_from_gpu_time_shares(tmp_path: Path) -> None:
+def test_the_trace_is_read_in_place_with_quotas_from_past_gpu_time_shares(tmp_path: Path) -> None:
     jobs, shares = philly(_trace(tmp_path / "t.csv"), "2017-10-01", "2017-10-03")
     assert len(jobs) == 600 and all(0 <= j.submit_s < 2 * 86400 for j in jobs)
     assert [j.submit_s for j in jobs] == sorted(j.submit_s for j in jobs)
     assert sum(shares.values()) == pytest.approx(1.0) and set(shares) == {"vc-a", "vc-b", "vc-c"}
     q = quotas(shares, 64)
     assert sum(q.values()) == 64 and q["vc-a"] > q["vc-b"] > q["vc-c"]
+    _, shorter = philly(tmp_path / "t.csv", "2017-10-01", "2017-10-02")  # quotas from the past only: the
+    assert shorter == shares  # window's own jobs, and those after it, do not change them
+    with pytest.raises(TraceError, match="no GPU-time before 2017-09-01 to set quotas from"):
+        philly(tmp_path / "t.csv", "2017-09-01", "2017-10-02")
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp,duration\n")
     with pytest.raises(TraceError, match=re.escape("bad.csv: missing column(s) ['cluster', 'gpu_time', 'num_gpus']")):

@@ -311,6 +311,8 @@ def sim_trace(
     borrowing: bool = typer.Option(True, help="tenants in one cohort may borrow idle quota"),
     checkpoint_every_s: float = typer.Option(1800.0, "--checkpoint-every-s", min=1),
     restart_s: float = typer.Option(60.0, "--restart-s", min=0),
+    commit_s: float = typer.Option(20.0, "--commit-s", help="a victim's save commits in this ...", min=0),
+    commit_s_per_gpu: float = typer.Option(1.25, "--commit-s-per-gpu", help="... plus this per GPU", min=0),
     limit: int | None = typer.Option(None, help="replay only the first N jobs (a quick look)", min=1),
     workers: int = typer.Option(2, help="processes to replay policies and tenants in", min=1),
 ) -> None:
@@ -326,7 +328,7 @@ def sim_trace(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     scenario = Scenario(
         trace, start, end, racks, nodes_per_rack, gpus_per_node, borrowing,
-        Costs(checkpoint_every_s=checkpoint_every_s, restart_s=restart_s), seed, limit,
+        Costs(checkpoint_every_s, restart_s, commit_s, commit_s_per_gpu), seed, limit,
     )  # fmt: skip
     began = time.monotonic()
     try:

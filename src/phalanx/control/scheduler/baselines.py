@@ -4,9 +4,10 @@
 - ``KueueLike``: Kueue's BestEffortFIFO ClusterQueues (a job that cannot start is passed over), cohort
   borrowing (jobs within their quota first), classic preemption (reclaim from borrowers and lower priority;
   victims the lowest priority, then the most recently admitted), no cycle guard.
-- ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19): two queues by attained GPU-time,
-  first come first served within a queue, a job starved for ``promote_knob`` times its last run promoted back
-  to the first queue; a waiting job of a better queue preempts running jobs of worse ones. No quotas.
+- ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19) as its authors' simulator runs it: two
+  queues by GPU-time executed since the last reset, first come first served within a queue, a job of the
+  second queue starved for ``promote_knob`` times its executed time reset and promoted to the first; a
+  waiting job of a better queue preempts running jobs of worse ones. No quotas.
 
 Each preempts the way the runtime lets any policy: its victims checkpoint on SIGTERM, then leave.
 """
@@ -76,28 +77,43 @@ class KueueLike:
 @dataclass(frozen=True)
 class TiresiasLike:
     name: ClassVar[str] = "tiresias-like"
-    threshold_gpu_s: float = 3600.0  # attained GPU-time that moves a job to the second queue
-    promote_knob: float = 8.0  # starved this many times its last run: back to the first queue
+    threshold_gpu_s: float = 3600.0  # GPU-time executed since its last reset that moves a job to the second queue
+    promote_knob: float = 8.0  # pending this many times its executed time: reset, back to the first queue
     plans_per_round: int = 8
 
     def key(self, job: Job) -> tuple:
         return (job.submitted,)
 
+    def executed_s(self, job: Job, until: float) -> float:
+        """Seconds the job has run since its last reset, as of ``until`` (while pending since its last run).
+        The reference simulator's two counters (SymbioticLab/Tiresias, simulator/run_sim.py: executed_time
+        and last_pending_time), replayed over the job's runs: time pending counts once the job has run; a job
+        of the second queue pending ``promote_knob`` times its executed time has both reset to zero, which
+        puts it back in the first queue until it has run its threshold again."""
+        executed = pending = 0.0
+        ended = None
+        for started, stopped in (*job.ran, (until, until)):
+            if ended is not None and executed > 0 and started > ended:
+                pending += started - ended
+                if executed * job.gpus >= self.threshold_gpu_s and pending >= self.promote_knob * executed:
+                    executed = pending = 0.0
+            executed += stopped - started
+            ended = stopped
+        return executed
+
     def level(self, job: Job, now: float, started: float | None = None) -> int:
-        attained = job.attained_gpu_s + (job.gpus * (now - started) if started is not None else 0.0)
-        if attained < self.threshold_gpu_s:
-            return 0
-        waited = now - (job.queued_at if job.queued_at is not None else job.submitted)
-        starved = started is None and job.last_run_s > 0 and waited >= self.promote_knob * job.last_run_s
-        return 0 if starved else 1
+        """0 or 1: the queue by GPU-time executed since the last reset, a running job's current run included."""
+        executed = self.executed_s(job, now if started is None else started)
+        return int(job.gpus * (executed + (now - started if started is not None else 0.0)) >= self.threshold_gpu_s)
 
     def schedule(self, state: State, now: float) -> Round:
         work = Work(state, now)
-        pending = sorted(state.queue, key=lambda job: (self.level(job, now), job.submitted, job.id))
+        levels = {job.id: self.level(job, now) for job in state.queue}
+        pending = sorted(state.queue, key=lambda job: (levels[job.id], job.submitted, job.id))
         worse = [run for run in state.running.values() if self.level(run.job, now, run.started) == 1]
         plans = 0
         for job in pending:
-            level = self.level(job, now)
+            level = levels[job.id]
             if work.nothing_fits() and (level == 1 or not worse or plans >= self.plans_per_round):
                 break
             if (placement := work.place(job)) is not None:

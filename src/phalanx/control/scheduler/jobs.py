@@ -27,7 +27,7 @@ class Tenant:
 class Job:
     """A job as submitted, plus what the scheduler has done to it. ``predicted_s`` comes from submit-time
     information only (the tenant's history: predict.py); ``preempted_by`` and ``preemptions`` keep
-    preemption from cycling; the State keeps those and the service counters when it requeues a job."""
+    preemption from cycling; the State keeps those and the runs when it requeues a job."""
 
     id: str
     tenant: str
@@ -38,9 +38,8 @@ class Job:
     predicted_s: float = 3600.0
     preemptions: int = 0
     preempted_by: frozenset[str] = frozenset()
-    attained_gpu_s: float = 0.0  # service received before it was last queued (what LAS policies read)
     queued_at: float | None = None  # when it was last queued; None: at submit
-    last_run_s: float = 0.0  # how long it ran before it was last queued
+    ran: tuple[tuple[float, float], ...] = ()  # its earlier runs, (started, ended) each: what LAS policies read
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.per_worker < 1:

@@ -7,7 +7,8 @@
    first one that does not fit gets a reservation: where and when it will fit as running jobs end (their
    predicted ends); later jobs backfill only onto GPUs that do not delay it, or if they end before it starts;
 3. jobs that must borrow their cohort's idle quota, the tenant with the least fair-share usage first (usage
-   with a half-life: see ``Usage``);
+   with a half-life: see ``Usage``); if no job within its quota holds the reservation, the first borrowing
+   job in queue order that finds no room gets it (big jobs of busy tenants were otherwise passed for days);
 4. preemption for jobs still blocked that are within their quota (reclaim from tenants that borrow) or that
    outrank running jobs: victims that lose the least work since their last checkpoint, asked to checkpoint
    first; never a job already preempted ``max_preemptions`` times, never one that preempted this job.
@@ -76,6 +77,8 @@ class Phalanx:
                 blocked.append(job)
             else:
                 work.wait(job, "reservation", f"would delay {holder.id}, reserved at t={reserved_at:.0f}", holder.id)
+        if long_view is None and (reservation := self._reserve_for_borrower(work)) is not None:
+            long_view, reserved_at = reservation
         self._borrow(work, long_view, reserved_at)
         self._preempt(work, blocked)
         work.round.otherwise = (
@@ -115,6 +118,24 @@ class Phalanx:
                 where = place(future, job.workers, pw)
                 assert where is not None
                 return end, {n: future.free[n] - g for n, g in where.gpus.items()}
+        return None
+
+    def _reserve_for_borrower(self, work: Work) -> tuple[Cluster, float] | None:
+        """No job within its quota holds the reservation: the first job in queue order that may borrow, if no
+        room is what stops it, gets it, so that the jobs of busier tenants backfill around it instead of
+        passing a big job forever."""
+        for job in work.state.queue.of_tenants(t for t in work.state.tenants if work.may_borrow(t)):
+            if work.nothing_fits():
+                return None
+            borrowing, why = work.quota(job)
+            if work.seen(job) or not borrowing or why is not None:
+                continue
+            if work.place(job) is not None or (reservation := self._reserve(work, job)) is None:
+                return None  # it fits now (the borrowing pass decides), or it never will
+            reserved_at, caps = reservation
+            work.wait(job, "reservation", f"reserved: {_shape(job)} on {', '.join(sorted(caps))} at about "
+                      f"t={reserved_at:.0f}", at=reserved_at)  # fmt: skip
+            return work.view(caps), reserved_at
         return None
 
     def _borrow(self, work: Work, long_view: Cluster | None, reserved_at: float | None) -> None:

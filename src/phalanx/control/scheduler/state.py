@@ -159,9 +159,8 @@ class State:
             run.job,
             preemptions=run.job.preemptions + preempted,
             preempted_by=run.job.preempted_by | ({by} if by else set()),
-            attained_gpu_s=run.job.attained_gpu_s + run.job.gpus * (now - run.started),
             queued_at=now,
-            last_run_s=now - run.started,
+            ran=(*run.job.ran, (run.started, now)),
         )
         self.queue.add(job)
         if by in self.queue.jobs and not any(self.running[r].evicting_for == by for r in self.leaving):

@@ -45,10 +45,10 @@ class Cache:
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
         state = core.State(core.Cluster(nodes), self._tenants(s), core.Queue(self.policy.key), self.half_life_s)
         self.predictor = self._history(s)
-        served = self._served(s)
+        ran = self._ran(s)
         active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
         for job in active:
-            state.submit(self._core_job(job, served))
+            state.submit(self._core_job(job, ran))
             execution = s.scalar(select(Execution).where(Execution.job == job.seq, Execution.attempt == job.attempt))
             running = job.state == JobState.RUNNING and execution is not None
             state.start(job.id, job.placement, execution.started_at if running else now)
@@ -61,7 +61,7 @@ class Cache:
         state.usage = self._usage(s, now)
         pending = s.execute(select(*_QUEUED).where(Job.state == JobState.PENDING).order_by(Job.seq)).all()
         for job in pending:
-            state.submit(self._core_job(job, served))
+            state.submit(self._core_job(job, ran))
             self.reasons[job.id] = job.reason
         state.first.update(dict.fromkeys(_room_made(active, pending)))
         self.state = state
@@ -87,19 +87,18 @@ class Cache:
             predictor.record(tenant, gpus, float(seconds or 0.0))
         return predictor
 
-    def _served(self, s: Session) -> dict[int, tuple[float, float]]:
-        """Each unfinished job's (attained GPU-seconds, its last run's seconds) over its ended executions."""
-        served: dict[int, tuple[float, float]] = {}
+    def _ran(self, s: Session) -> dict[int, tuple[tuple[float, float], ...]]:
+        """Each unfinished job's ended executions, (started, ended) each, in order."""
+        ran: dict[int, tuple[tuple[float, float], ...]] = {}
         rows = s.execute(
-            select(Execution.job, Execution.gpus, Execution.started_at, Execution.ended_at)
+            select(Execution.job, Execution.started_at, Execution.ended_at)
             .join(Job, Job.seq == Execution.job)
             .where(Job.state.in_((JobState.PENDING, *ACTIVE)), Execution.ended_at.is_not(None))
             .order_by(Execution.job, Execution.attempt)
         )
-        for seq, gpus, started, ended in rows:
-            attained, _ = served.get(seq, (0.0, 0.0))
-            served[seq] = (attained + gpus * (ended - started), ended - started)
-        return served
+        for seq, started, ended in rows:
+            ran[seq] = (*ran.get(seq, ()), (started, ended))
+        return ran
 
     def _usage(self, s: Session, now: float) -> core.Usage:
         """Fair-share usage replayed from the executions of the last few half-lives."""
@@ -115,9 +114,8 @@ class Cache:
             usage.change(tenant, at, held[tenant])
         return usage
 
-    def _core_job(self, job, served: dict[int, tuple[float, float]] | None = None) -> core.Job:
+    def _core_job(self, job, ran: dict[int, tuple[tuple[float, float], ...]] | None = None) -> core.Job:
         """A job row as the scheduler sees it, its duration predicted from the history the cache has now."""
-        attained, last_run_s = (served or {}).get(job.seq, (0.0, 0.0))
         return core.Job(
             id=job.id,
             tenant=job.tenant,
@@ -128,9 +126,8 @@ class Cache:
             predicted_s=self.predictor.predict(job.tenant, job.gpus),
             preemptions=job.preemptions,
             preempted_by=frozenset(job.preempted_by),
-            attained_gpu_s=attained,
             queued_at=job.queued_at,
-            last_run_s=last_run_s,
+            ran=(ran or {}).get(job.seq, ()),
         )
 
     # --- kept current

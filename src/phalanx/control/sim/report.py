@@ -17,7 +17,7 @@ class Metrics:
     avg_jct: float
     p50_jct: float
     p99_jct: float
-    wait_1gpu: float  # mean queueing delay (first start - submit) of 1-GPU jobs
+    wait_1gpu: float  # mean time pending (every wait, after preemptions too) of 1-GPU jobs
     wait_big: float  # ... of jobs of BIG GPUs or more
     alloc_busy: float  # GPUs allocated / GPUs, while the queue was not empty
     lost_gpu_h: float
@@ -32,7 +32,7 @@ def metrics(replay: Replay, fifo: Replay | None = None) -> Metrics:
     out = replay.shared
     records = list(out.records.values())
     jcts = sorted(r.jct for r in records)
-    waits = {r.id: r.first_start - r.submit for r in records}  # type: ignore[operator]
+    waits = {r.id: r.waited_s for r in records}
     rho, per_tenant = {}, {}
     for r in records:
         alone = replay.alone_jct.get(r.id)
@@ -41,7 +41,7 @@ def metrics(replay: Replay, fifo: Replay | None = None) -> Metrics:
     big = [r for r in records if r.gpus >= BIG]
     over = None
     if fifo is not None:
-        fifo_waits = {r.id: r.first_start - r.submit for r in fifo.shared.records.values()}  # type: ignore[operator]
+        fifo_waits = {r.id: r.waited_s for r in fifo.shared.records.values()}
         over = sum(1 for r in big if waits[r.id] > 1.5 * fifo_waits[r.id] + 60)
     return Metrics(
         policy=out.policy,

@@ -4,8 +4,8 @@ modelling what the decisions cost:
 
 - a job's work is its trace duration on its GPUs; it checkpoints every ``checkpoint_every_s`` of progress;
 - a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
-  commits, ``commit_s`` later; it loses those ``commit_s``, and every restart costs ``restart_s`` before
-  work resumes.
+  commits (``Costs.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
+  costs ``restart_s`` before work resumes.
 The decisions reach the State through ``apply``, as the server's do: the replay is the actuator.
 GPU-time lost to preemption is every GPU-second held that saved no work: so the GPU-time used is exactly the
 jobs' work plus what was lost.
@@ -30,9 +30,17 @@ from phalanx.control.sim.trace import TraceJob
 
 @dataclass(frozen=True)
 class Costs:
+    """What checkpoints and restarts cost a job. A save commits in ``commit_s`` plus ``commit_s_per_gpu`` for
+    each of the job's GPUs: every GPU holds a shard of the state, and the job's shards share the storage's
+    bandwidth, so a checkpoint's size, and its commit, grow with the job (8 GPUs: 30 s by default)."""
+
     checkpoint_every_s: float = 1800.0
     restart_s: float = 60.0
-    commit_s: float = 30.0
+    commit_s: float = 20.0
+    commit_s_per_gpu: float = 1.25
+
+    def commit(self, gpus: int) -> float:
+        return self.commit_s + self.commit_s_per_gpu * gpus
 
 
 @dataclass
@@ -42,8 +50,8 @@ class JobRecord:
     gpus: int
     submit: float
     duration: float
-    first_start: float | None = None
     finish: float | None = None
+    waited_s: float = 0.0  # every wait: before its first start, and after each preemption until it runs again
     preemptions: int = 0
     lost_gpu_s: float = 0.0
 
@@ -143,6 +151,7 @@ class _Replay:
         self.held_s = dict.fromkeys(self.work, 0.0)  # GPU-holding time over the job's runs
         self.started_seq: dict[str, int] = {}  # running job -> its place in the order the runs started
         self.snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
+        self.queued_since = {a.job.id: a.submit for a in arrived}  # pending job -> since when
         for a in arrived:
             self.outcome.records[a.job.id] = JobRecord(a.job.id, a.job.tenant, a.job.gpus, a.submit, a.job.duration_s)
             self.push(a.submit, _ARRIVE, a.job.id)
@@ -158,7 +167,7 @@ class _Replay:
     def admit(self, admit: Admit, now: float) -> bool:
         self.outcome.decisions.append((now, "admit", admit.job, admit.placement))
         record = self.outcome.records[admit.job]
-        record.first_start = now if record.first_start is None else record.first_start
+        record.waited_s += now - self.queued_since.pop(admit.job)
         run = self.runs[admit.job] = ModelledRun.begin(now, self.work[admit.job], record.preemptions > 0, self.costs)
         epoch = self.epochs[admit.job]
         self.started_seq[admit.job] = self.push(run.finish, _FINISH, admit.job, epoch)
@@ -169,9 +178,8 @@ class _Replay:
         """The victim snapshots at once and leaves when the save commits."""
         self.outcome.decisions.append((now, "preempt", preempt.job, preempt.for_job))
         self.snapshot[preempt.job] = self.runs[preempt.job].left_at(now)
-        self.push(
-            now + self.costs.commit_s, _EVICT, preempt.job, self.epochs[preempt.job], self.started_seq[preempt.job]
-        )
+        commits = now + self.costs.commit(self.outcome.records[preempt.job].gpus)
+        self.push(commits, _EVICT, preempt.job, self.epochs[preempt.job], self.started_seq[preempt.job])
         return True
 
     def _leave(self, job_id: str, t: float) -> ModelledRun:
@@ -188,6 +196,7 @@ class _Replay:
         record.lost_gpu_s += record.gpus * ((t - run.started) - (run.left_s - left))
         self.work[job_id] = left
         self.state.requeue(job_id, t)
+        self.queued_since[job_id] = t
 
     def _finish(self, job_id: str, t: float) -> None:
         self.state.stop(job_id, t)

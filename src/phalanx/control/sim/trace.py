@@ -34,25 +34,30 @@ def _rows(path: Path, columns: set[str]) -> list[dict[str, str]]:
 
 def philly(path: Path, start: str = "2017-10-01", end: str = "2017-11-01") -> tuple[list[TraceJob], dict[str, float]]:
     """Philly jobs (the Pollux authors' table) submitted in [start, end), in submit order, and every virtual
-    cluster's share of the whole file's GPU-time (what its quota is made proportional to)."""
+    cluster's share of the GPU-time of the jobs submitted before ``start``: quotas are set from the past only,
+    as an operator would set them. A virtual cluster with no past has no share (it borrows)."""
     rows = _rows(path, {"timestamp", "duration", "num_gpus", "gpu_time", "cluster"})
     t0, t1 = datetime.fromisoformat(start), datetime.fromisoformat(end)
-    gpu_time: dict[str, float] = {}
+    past: dict[str, float] = {}
     jobs = []
     for line, row in enumerate(rows, 2):
         try:
             submitted = datetime.fromisoformat(row["timestamp"])
-            gpus, duration = int(row["num_gpus"]), float(row["duration"])
-            gpu_time[row["cluster"]] = gpu_time.get(row["cluster"], 0.0) + float(row["gpu_time"])
+            gpus, duration, gpu_time = int(row["num_gpus"]), float(row["duration"]), float(row["gpu_time"])
         except ValueError as e:
             raise TraceError(f"{path}:{line}: {e}") from None
-        if t0 <= submitted < t1 and gpus > 0 and duration > 0:
+        if submitted < t0:
+            past[row["cluster"]] = past.get(row["cluster"], 0.0) + gpu_time
+        elif submitted < t1 and gpus > 0 and duration > 0:
             jobs.append(TraceJob(f"philly-{line}", row["cluster"], gpus, (submitted - t0).total_seconds(), duration))
     if not jobs:
         raise TraceError(f"{path}: no jobs submitted in [{start}, {end})")
+    total = sum(past.values())
+    if total <= 0:
+        raise TraceError(f"{path}: no GPU-time before {start} to set quotas from; start the replay later")
     jobs.sort(key=lambda job: (job.submit_s, job.id))
-    total = sum(gpu_time.values())
-    return jobs, {vc: t / total for vc, t in sorted(gpu_time.items())}
+    shares = dict.fromkeys(sorted({job.tenant for job in jobs}), 0.0) | {vc: t / total for vc, t in past.items()}
+    return jobs, dict(sorted(shares.items()))
 
 
 def quotas(shares: dict[str, float], gpus: int) -> dict[str, int]:
