@@ -66,11 +66,7 @@ class Phalanx:
                 if reservation is None:
                     work.wait(job, "placement", f"needs {_shape(job)}; the cluster cannot hold it even empty")
                     continue
-                reserved_at, caps = reservation
-                long_view, holder = work.view(caps), job
-                where = ", ".join(sorted(caps))
-                work.wait(job, "reservation", f"reserved: {_shape(job)} on {where} at about t={reserved_at:.0f}",
-                          at=reserved_at)  # fmt: skip
+                (long_view, reserved_at), holder = _hold(work, job, reservation), job
                 blocked.append(job)
             elif work.place(job) is None:
                 work.wait(job, "placement", f"no room for {_shape(job)}; behind {holder.id}", behind=holder.id)
@@ -127,15 +123,14 @@ class Phalanx:
         for job in work.state.queue.of_tenants(t for t in work.state.tenants if work.may_borrow(t)):
             if work.nothing_fits():
                 return None
+            if work.seen(job):
+                continue
             borrowing, why = work.quota(job)
-            if work.seen(job) or not borrowing or why is not None:
+            if not borrowing or why is not None:
                 continue
             if work.place(job) is not None or (reservation := self._reserve(work, job)) is None:
                 return None  # it fits now (the borrowing pass decides), or it never will
-            reserved_at, caps = reservation
-            work.wait(job, "reservation", f"reserved: {_shape(job)} on {', '.join(sorted(caps))} at about "
-                      f"t={reserved_at:.0f}", at=reserved_at)  # fmt: skip
-            return work.view(caps), reserved_at
+            return _hold(work, job, reservation)
         return None
 
     def _borrow(self, work: Work, long_view: Cluster | None, reserved_at: float | None) -> None:
@@ -199,6 +194,14 @@ class Phalanx:
             f"shorter job: {job.id} is predicted to take {job.predicted_s:.0f} s; this one has run {ran:.0f} s "
             f"and is predicted to need {max(victim.predicted_s - ran, ran):.0f} s more"
         )
+
+
+def _hold(work: Work, job: Job, reservation: tuple[float, dict[str, int]]) -> tuple[Cluster, float]:
+    """``job`` holds the reservation: it waits for it, and later jobs get the view of its slack."""
+    reserved_at, caps = reservation
+    where = ", ".join(sorted(caps))
+    work.wait(job, "reservation", f"reserved: {_shape(job)} on {where} at about t={reserved_at:.0f}", at=reserved_at)
+    return work.view(caps), reserved_at
 
 
 def _view(work: Work, job: Job, long_view: Cluster | None, reserved_at: float | None) -> Cluster:

@@ -151,7 +151,6 @@ class _Replay:
         self.held_s = dict.fromkeys(self.work, 0.0)  # GPU-holding time over the job's runs
         self.started_seq: dict[str, int] = {}  # running job -> its place in the order the runs started
         self.snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
-        self.queued_since = {a.job.id: a.submit for a in arrived}  # pending job -> since when
         for a in arrived:
             self.outcome.records[a.job.id] = JobRecord(a.job.id, a.job.tenant, a.job.gpus, a.submit, a.job.duration_s)
             self.push(a.submit, _ARRIVE, a.job.id)
@@ -167,7 +166,7 @@ class _Replay:
     def admit(self, admit: Admit, now: float) -> bool:
         self.outcome.decisions.append((now, "admit", admit.job, admit.placement))
         record = self.outcome.records[admit.job]
-        record.waited_s += now - self.queued_since.pop(admit.job)
+        record.waited_s += now - self.state.queue.jobs[admit.job].queued_at  # still queued: apply starts it next
         run = self.runs[admit.job] = ModelledRun.begin(now, self.work[admit.job], record.preemptions > 0, self.costs)
         epoch = self.epochs[admit.job]
         self.started_seq[admit.job] = self.push(run.finish, _FINISH, admit.job, epoch)
@@ -196,7 +195,6 @@ class _Replay:
         record.lost_gpu_s += record.gpus * ((t - run.started) - (run.left_s - left))
         self.work[job_id] = left
         self.state.requeue(job_id, t)
-        self.queued_since[job_id] = t
 
     def _finish(self, job_id: str, t: float) -> None:
         self.state.stop(job_id, t)
