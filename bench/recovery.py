@@ -1,5 +1,6 @@
 """Recovery from crashes: phalanx against torchrun --max-restarts with periodic DCP checkpoints, and against
-torchft's per-step fault tolerance, on the same model and data.
+torchft's per-step fault tolerance, on the same model and data. Over 400 lines on purpose: the three sides'
+harnesses must run in one process tree and one report, side by side.
 
     .venv/bin/python bench/recovery.py [--steps 60] [--every 10] [--kill-at 25,45] [--repeats 3] [--torchft-python PY]
 

@@ -25,15 +25,15 @@ from pathlib import Path
 
 from _report import Report
 
-from phalanx.control.scheduler import Cluster, Job, Node, Phalanx, Queue, State, Tenant
+from phalanx.control.scheduler import Cluster, Job, Node, PredictiveBackfill, Queue, State, Tenant
 from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
-from phalanx.control.sim.simulator import Costs, gang
+from phalanx.control.sim.simulator import PreemptionCosts, split_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ["phalanx", "fifo", "kueue-like", "tiresias-like"]
 MONTHS = [("October", "2017-10-01", "2017-11-01", 10), ("November", "2017-11-01", "2017-12-01", 7)]  # racks of 64
-PESSIMISTIC = Costs(restart_s=300.0, commit_s=300.0)
+PESSIMISTIC = PreemptionCosts(restart_s=300.0, commit_s=300.0)
 PHILLY_SIZES = {1: 44972, 2: 783, 4: 792, 8: 572, 12: 7, 16: 42, 24: 4, 32: 20}  # October 2017's jobs
 
 
@@ -95,19 +95,19 @@ def compare(report: Report, trace: Path, seeds: int) -> None:
                      ratio(pessimistic, "avg_jct", "tiresias-like"), "<= 0.95")  # fmt: skip
 
 
-def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, Phalanx]:
+def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, PredictiveBackfill]:
     """The 10,000-GPU cluster and its 50,000 pending jobs; with ``lender_gpus``, a 201st tenant with that quota
     (taken from the others') and no jobs yet: its quota is lent out as the others fill the cluster."""
     rng = random.Random(seed)
     nodes = [Node(f"n{i:04d}", f"r{i // 16:03d}", 8) for i in range(1250)]
     tenants = [Tenant(f"t{i:03d}", 50 - lender_gpus // 200, "all") for i in range(200)]
     tenants += [Tenant("lender", lender_gpus, "all")] if lender_gpus else []
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     state = State(Cluster(nodes), tenants, Queue(policy.key))
     sizes, weights = list(PHILLY_SIZES), list(PHILLY_SIZES.values())
     for i in range(50_000):
         gpus = rng.choices(sizes, weights)[0]
-        workers, per_worker = gang(gpus, 8)
+        workers, per_worker = split_gpus(gpus, 8)
         tenant = tenants[int(rng.paretovariate(1.2)) % 200].name  # a few big tenants, a long tail
         state.submit(Job(f"j{i}", tenant, workers, per_worker, float(i) * 0.01, 0,
                          rng.lognormvariate(7.5, 1.6)))  # fmt: skip

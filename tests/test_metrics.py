@@ -61,9 +61,9 @@ def test_prometheus_scrapes_a_jobs_series_and_its_restart(server: PhalanxServer,
         for name in ("phalanx_job_step_seconds", "phalanx_job_tokens_per_second", "phalanx_job_goodput_ratio"):
             (sample,) = prometheus.query(f"{name}{{{labels}}}")
             assert float(sample["value"][1]) > 0, name
-        (quota,) = prometheus.query('phalanx_tenant_quota_gpus{tenant="vision"}')
+        (quota,) = prometheus.query('phalanx_tenant_nominal_gpus{tenant="vision"}')
         assert quota["value"][1] == "2"
-        assert not prometheus.query('phalanx_tenant_quota_gpus{tenant="audio"}')  # erin's token sees vision only
+        assert not prometheus.query('phalanx_tenant_nominal_gpus{tenant="audio"}')  # erin's token sees vision only
         # every series the Grafana dashboard (docs/grafana/phalanx.json) asks for is one the server exports
         text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {token.read_text()}"}).text
         exported = {n for f in text_string_to_metric_families(text) for n in (f.name, *(s.name for s in f.samples))}

@@ -14,7 +14,8 @@ from phalanx.obs import EventLog, RunDir, read_jsonl
 from phalanx.obs.console import Console
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.plot import plot_loss
-from phalanx.obs.progress import Progress, clock, step_line
+from phalanx.obs.progress import ProgressFeed, clock, step_line
+from phalanx.obs.rundir import Outcome, RunResult
 from phalanx.obs.summary import summary
 
 
@@ -25,7 +26,7 @@ def _append(path: Path, *records: dict, partial: str = "") -> None:
 
 def test_progress_follows_the_file_and_waits_for_whole_lines(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    progress = Progress(metrics, total_steps=100)
+    progress = ProgressFeed(metrics, total_steps=100)
     assert progress.poll() == [] and progress.eta_s() is None  # no file yet
     _append(metrics, {"step": 0, "ts": 10.0, "loss": 5.0, "step_time_s": 3.0}, partial='{"step": 1, "ts"')
     assert [r["step"] for r in progress.poll()] == [0]
@@ -38,13 +39,13 @@ def test_progress_follows_the_file_and_waits_for_whole_lines(tmp_path: Path) -> 
 
 def test_eta_takes_the_pace_of_consecutive_steps_only(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    progress = Progress(metrics, total_steps=20)
+    progress = ProgressFeed(metrics, total_steps=20)
     _append(metrics, *({"step": s, "ts": float(s)} for s in range(6)))
     # A restart: back to the checkpoint at step 4, 60 s later. The gap is recovery, not the pace of a step.
     _append(metrics, {"step": 4, "ts": 65.0}, {"step": 5, "ts": 66.0}, {"step": 6, "ts": 67.0})
     progress.poll()
     assert progress.eta_s() == 13 * 1.0
-    assert Progress(metrics, total_steps=None).eta_s() is None
+    assert ProgressFeed(metrics, total_steps=None).eta_s() is None
 
 
 def test_step_line_and_status_show_what_the_step_reported() -> None:
@@ -56,7 +57,7 @@ def test_step_line_and_status_show_what_the_step_reported() -> None:
 
 def test_status(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    progress = Progress(metrics, total_steps=10)
+    progress = ProgressFeed(metrics, total_steps=10)
     assert progress.status(4.0, 0) == "waiting for the first step | 0:00:04 elapsed"
     _append(metrics, {"step": 0, "ts": 0.0, "loss": 3.0, "grad_norm": 1.0}, {"step": 1, "ts": 2.0, "loss": 2.0})
     progress.poll()
@@ -109,7 +110,7 @@ def _run_with_a_restart(tmp_path: Path) -> RunDir:
         if step == 7:
             events.emit("bad_step_skipped", step=8, loss=float("nan"), problem="loss is nan", policy="skip", ts=15.5)
     events.emit("run_finished", ts=20.0)
-    run.result.write_text(json.dumps({"outcome": "succeeded", "exit_code": 0, "reason": "all workers exited"}))
+    run.write_result(RunResult(Outcome.SUCCEEDED, 0, "all workers exited", str(run.root)))
     return run
 
 

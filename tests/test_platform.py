@@ -53,7 +53,7 @@ def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
     admin_env = {"PHALANX_CONFIG": str(tmp_path / "admin.json")}
     token = server.token_file.read_text().strip()
     assert cli(admin_env, "login", server.url, "--token", token).returncode == 0
-    assert cli(admin_env, "tenants", "create", "vision", "--quota", "2").returncode == 0
+    assert cli(admin_env, "tenants", "create", "vision", "--nominal-gpus", "2").returncode == 0
     assert cli(admin_env, "users", "create", "alice", "--tenant", "vision").returncode == 0
     made = cli(admin_env, "tokens", "create", "--user", "alice")
     alice = {"PHALANX_CONFIG": str(tmp_path / "alice.json")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 from phalanx.control.scheduler import Cluster, Node, place
@@ -111,7 +111,7 @@ def test_bad_input_is_refused_with_what_is_wrong() -> None:
 
 # ---- the policies, over random clusters and queues -----------------------------------------------------------
 
-from phalanx.control.scheduler import POLICIES, Admit, Job, Phalanx, Preempt, Queue, State, Tenant  # noqa: E402
+from phalanx.control.scheduler import POLICIES, Admit, Job, PredictiveBackfill, Preempt, Queue, State, Tenant  # noqa: E402
 
 SHAPES = [(1, 1), (1, 2), (1, 4), (2, 4), (3, 4), (2, 8), (4, 4), (3, 8)]  # workers x GPUs per worker
 
@@ -142,8 +142,8 @@ def worlds(draw: st.DrawFn) -> tuple[Cluster, list[Tenant], list[tuple[float, st
         predicted = draw(st.sampled_from([60.0, 600.0, 6000.0, 60000.0]))
         events.append((now, "arrive", Job(f"j{i}", tenant, workers, per_worker, now, priority, predicted)))
         arrived.append(f"j{i}")
-    urgent = max(tenants, key=lambda t: t.nominal)
-    workers, per_worker = draw(st.sampled_from([s for s in SHAPES if s[0] * s[1] <= max(urgent.nominal, 1)]))
+    urgent = max(tenants, key=lambda t: t.nominal_gpus)
+    workers, per_worker = draw(st.sampled_from([s for s in SHAPES if s[0] * s[1] <= max(urgent.nominal_gpus, 1)]))
     now += 1.0
     events.append((now, "arrive", Job("long", urgent.name, workers, per_worker, now, 0, predicted_s=60000.0)))
     for k in range(draw(st.integers(0, 8))):
@@ -190,9 +190,9 @@ def _quotas_hold(state: State) -> None:
         assert held == state.held[name]
         limit = 0 if tenant.cohort is None else tenant.borrowing_limit
         if limit is not None:
-            assert held <= tenant.nominal + limit, f"{name} holds {held}: over its quota and borrowing limit"
+            assert held <= tenant.nominal_gpus + limit, f"{name} holds {held}: over its quota and borrowing limit"
     for members in state.cohorts.values():
-        assert sum(state.held[t] for t in members) <= sum(state.tenants[t].nominal for t in members)
+        assert sum(state.held[t] for t in members) <= sum(state.tenants[t].nominal_gpus for t in members)
 
 
 @settings(max_examples=150, deadline=None)
@@ -206,25 +206,26 @@ def test_every_admission_has_a_placement_that_fits_and_quotas_hold(world: tuple,
 def test_phalanx_never_preempts_in_cycles_nor_past_its_cap() -> None:
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @seed(1)  # the same worlds whatever the test's text (derandomize seeds from the text)
+    @settings(max_examples=150, deadline=None, database=None)
     @given(worlds())
     def check(world: tuple) -> None:
         state, preempts, admits = _drive("phalanx", world)
         pairs = {(p.for_job, p.job) for p in preempts}
         assert not pairs & {(b, a) for a, b in pairs}, "two jobs preempted each other"
         counts = Counter(p.job for p in preempts)
-        assert max(counts.values(), default=0) <= Phalanx.max_preemptions
-        seen["cap reached"] += max(counts.values(), default=0) == Phalanx.max_preemptions
+        assert max(counts.values(), default=0) <= PredictiveBackfill.max_preemptions
+        seen["cap reached"] += max(counts.values(), default=0) == PredictiveBackfill.max_preemptions
         for why in ("priority", "reclaim", "shorter job"):
             seen[why] += any(p.reason.startswith(why) for p in preempts)
         racks = state.cluster.nodes
         seen["across racks"] += any(len({racks[n].rack for n in a.placement}) > 1 for a in admits)
 
     check()
-    # each path is reached in many of the 150 worlds (2026-12-05: the cap in 23, a shorter job's preemption in
-    # 43, a gang across racks in 16, priority in 49, reclaim in 23); a floor at half that
-    assert seen["cap reached"] >= 12 and seen["shorter job"] >= 20 and seen["across racks"] >= 8, seen
-    assert seen["priority"] >= 25 and seen["reclaim"] >= 12, seen
+    # each path is reached in many of the 150 worlds (2026-12-06, seed 1: the cap in 39, a shorter job's preemption
+    # in 48, a gang across racks in 16, priority in 76, reclaim in 32); a floor at half that
+    assert seen["cap reached"] >= 19 and seen["shorter job"] >= 24 and seen["across racks"] >= 8, seen
+    assert seen["priority"] >= 38 and seen["reclaim"] >= 16, seen
 
 
 @settings(max_examples=100, deadline=None)
@@ -235,7 +236,7 @@ def test_a_tenant_below_its_quota_gets_it_back(nodes: int, lender_nodes: int, pr
     lender_nodes = min(lender_nodes, nodes)
     cluster = Cluster.uniform(1, nodes, 8)
     tenants = [Tenant("lender", 8 * lender_nodes, "c"), Tenant("borrower", 8 * (nodes - lender_nodes), "c")]
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     state = State(cluster, tenants, Queue(policy.key))
     for i in range(8 * nodes):
         state.submit(Job(f"b{i}", "borrower", 1, 1, 0.0, priority=priority, predicted_s=86400))
@@ -262,7 +263,7 @@ def test_backfill_fills_holes_without_delaying_the_reservation(borrowing: bool) 
     Also when every job borrows its cohort's idle quota (a lender's), and the long job's tenant has used
     less of its share than the big job's."""
     cluster = Cluster.uniform(1, 2, 8)
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     if borrowing:
         tenants = [Tenant("t", 0, "all"), Tenant("u", 0, "all"), Tenant("lender", 32, "all")]
     else:
@@ -283,7 +284,7 @@ def test_backfill_fills_holes_without_delaying_the_reservation(borrowing: bool) 
 
 def test_why_pending_names_the_quota() -> None:
     cluster = Cluster.uniform(1, 2, 8)
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     state = State(cluster, [Tenant("a", 4), Tenant("b", 12, "c", borrowing_limit=0)], Queue(policy.key))
     state.submit(Job("a1", "a", 1, 8, 0.0))
     state.submit(Job("b1", "b", 2, 8, 0.0))
@@ -301,9 +302,9 @@ def test_fair_share_usage_decays_with_its_half_life() -> None:
     usage = Usage(half_life_s=100.0)
     usage.change("a", 0.0, held=4)  # holds 4 GPUs from t=0 ...
     usage.change("a", 1000.0, held=0)  # ... to t=1000: close to the steady state of 4 x 100/ln 2 GPU-s
-    assert usage.share("a", nominal=4, now=1000.0) == pytest.approx(1.0, rel=1e-3)
-    assert usage.share("a", nominal=4, now=1100.0) == pytest.approx(0.5, rel=1e-3)  # one half-life later
-    assert usage.share("b", nominal=4, now=1100.0) == 0.0
+    assert usage.share("a", nominal_gpus=4, now=1000.0) == pytest.approx(1.0, rel=1e-3)
+    assert usage.share("a", nominal_gpus=4, now=1100.0) == pytest.approx(0.5, rel=1e-3)  # one half-life later
+    assert usage.share("b", nominal_gpus=4, now=1100.0) == 0.0
 
 
 def test_the_duration_predictor_uses_the_tenants_history_only() -> None:
@@ -319,7 +320,7 @@ def test_the_duration_predictor_uses_the_tenants_history_only() -> None:
 
 
 def test_bad_jobs_and_tenants_are_refused_by_name() -> None:
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     with pytest.raises(ValueError, match="tenant 'x': nominal quota -1"):
         Tenant("x", -1)
     with pytest.raises(ValueError, match="job 'j': 0 worker"):
@@ -331,7 +332,7 @@ def test_bad_jobs_and_tenants_are_refused_by_name() -> None:
 
 def test_a_short_job_preempts_a_long_one_which_checkpoints_first_and_only_once() -> None:
     cluster = Cluster.uniform(1, 1, 8)
-    policy = Phalanx()
+    policy = PredictiveBackfill()
     state = State(cluster, [Tenant("t", 8)], Queue(policy.key))
     state.submit(Job("long", "t", 1, 8, 0.0, predicted_s=100_000))
     state.start("long", {"r00n000": 8}, 0.0)

@@ -16,13 +16,13 @@ from conftest import REPO, unavailable
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Launch, Phase, Status
 from phalanx.control.server.loop import Controller
-from phalanx.control.sim.simulator import Arrival, Costs, ModelledRun, arrivals, gang, simulate
+from phalanx.control.sim.simulator import Arrival, ModelledRun, PreemptionCosts, arrivals, simulate, split_gpus
 from phalanx.control.sim.trace import philly, quotas
 from phalanx.control.store import Job, JobState, Tenant, Transition, User, open_store
 
 TRACES = Path(os.environ.get("PHALANX_TRACES", REPO.parent / "shared" / "traces"))
 SPEC = "name: trace\nresources: {procs_per_node: 1, device: cpu}\ntrain: {steps: 1}\n"
-COSTS = Costs()
+COSTS = PreemptionCosts()
 
 
 class Clock:
@@ -135,14 +135,14 @@ def test_the_server_loop_decides_as_the_simulator_on_a_philly_slice(
     jobs = jobs[:first_jobs]  # of October 2017
     cluster = core.Cluster.uniform(2, 8, 8)  # 128 GPUs: contended, so that jobs wait and are preempted
     tenants = [core.Tenant(name, gpus, "all") for name, gpus in quotas(shares, cluster.total_gpus).items()]
-    fits = {j.id for j in jobs if core.place(cluster, *gang(j.gpus, cluster.largest)) is not None}
+    fits = {j.id for j in jobs if core.place(cluster, *split_gpus(j.gpus, cluster.largest)) is not None}
     jobs = [j for j in jobs if j.id in fits]
 
     sim = simulate(core.POLICIES[policy](), jobs, cluster, tenants, COSTS, seed=3)
 
     store = open_store(f"sqlite:///{tmp_path / 'phalanx.db'}")
     with store.write() as s:
-        s.add_all(Tenant(name=t.name, quota_gpus=t.nominal, cohort=t.cohort, created_at=0.0) for t in tenants)
+        s.add_all(Tenant(name=t.name, nominal_gpus=t.nominal_gpus, cohort=t.cohort, created_at=0.0) for t in tenants)
         s.add(User(name="trace", tenant=None, role="admin", created_at=0.0))
     clock, arrived = Clock(), arrivals(jobs, COSTS, seed=3, jitter_s=60.0)
     executor = TraceExecutor(arrived, list(cluster.nodes.values()), clock, tmp_path, store)
@@ -170,7 +170,7 @@ def test_the_server_loop_decides_as_the_simulator_on_a_philly_slice(
 def _submit(s, arrival: Arrival) -> None:
     """The row ``lifecycle.submit`` writes for a job of the trace's size (its spec is not what is replayed)."""
     tj = arrival.job
-    workers, _ = gang(tj.gpus, 8)
+    workers, _ = split_gpus(tj.gpus, 8)
     job = Job(
         id=tj.id, tenant=tj.tenant, owner="trace", name=tj.id, spec=SPEC, workdir="/", priority=0, total_steps=1,
         nodes=workers, checkpoint_dir=None, workers=workers,

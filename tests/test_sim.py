@@ -22,7 +22,7 @@ from phalanx.control.sim.trace import TraceError, philly, quotas
 from phalanx.resilience.simulate import (
     LLAMA3_CAUSES,
     STRATEGIES,
-    Costs,
+    RecoveryCosts,
     failures_per_s,
     goodput_table,
     run,
@@ -99,7 +99,7 @@ def test_phalanx_sim_prints_one_row_per_policy_and_refuses_a_missing_trace(tmp_p
 
 
 def test_goodput_simulation_matches_young_daly_and_ranks_the_strategies() -> None:
-    costs = Costs(save_s=0.5, restart_s=60.0)
+    costs = RecoveryCosts(save_s=0.5, restart_s=60.0)
     gpus = 16_384
     # Restarts with Young/Daly's interval: the simulated waste is the first-order model's, save cost per
     # interval plus, per failure, the restart and half an interval of redone work (Daly 2006), detection too.

@@ -43,7 +43,7 @@ def _world(store) -> dict[str, Identity]:
     with store.write() as s:
         s.add(User(name="admin", tenant=None, role=Role.ADMIN, created_at=0.0))
         for tenant in ("a", "b"):
-            s.add(Tenant(name=tenant, quota_gpus=4, cohort=None, borrowing_limit=None, created_at=0.0))
+            s.add(Tenant(name=tenant, nominal_gpus=4, cohort=None, borrowing_limit=None, created_at=0.0))
             s.flush()
             for role in (Role.TENANT_ADMIN, Role.MEMBER, Role.VIEWER):
                 name = f"{tenant}-{role}"

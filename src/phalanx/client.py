@@ -96,8 +96,10 @@ class Client:
     def tenants(self) -> list[dict[str, Any]]:
         return self._call("GET", "/tenants")
 
-    def create_tenant(self, name: str, quota_gpus: int, cohort: str | None = None, borrowing_limit: int | None = None):
-        body = {"name": name, "quota_gpus": quota_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
+    def create_tenant(
+        self, name: str, nominal_gpus: int, cohort: str | None = None, borrowing_limit: int | None = None
+    ):
+        body = {"name": name, "nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
         return self._call("POST", "/tenants", json=body)
 
     def update_tenant(self, name: str, **changes: Any) -> dict[str, Any]:

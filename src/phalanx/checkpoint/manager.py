@@ -33,6 +33,7 @@ from phalanx.checkpoint.directory import CheckpointDir
 from phalanx.checkpoint.interval import FIRST_EVERY_STEPS
 from phalanx.checkpoint.staging import Staging
 from phalanx.checkpoint.writer import storage_writer
+from phalanx.obs.events import Event
 from phalanx.obs.protocol import NoRecovery
 from phalanx.spec.model import Checkpoint
 
@@ -101,7 +102,7 @@ class CheckpointManager:
                 f"(saving takes longer than checkpoint.every_steps = {self.every} steps)"
             )
             if self.rank == 0:
-                self.event("checkpoint_waited", step=step, waited_s=waited)
+                self.event(Event.CHECKPOINT_WAITED, step=step, waited_s=waited)
         flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
         if sync if sync is not None else not self.policy.async_save:
             self._write(step, flat, started)  # DCP writes straight from the live state: no copy needed
@@ -157,7 +158,7 @@ class CheckpointManager:
                 f"checkpoint step {step} committed: {size / 2**20:.1f} MiB to {self.dir.location(step)}, "
                 f"training blocked {blocked * 1e3:.0f} ms, written in {wrote:.2f} s"
             )
-            self.event("checkpoint_committed", step=step, bytes=size, blocked_s=blocked, write_s=wrote)
+            self.event(Event.CHECKPOINT_COMMITTED, step=step, bytes=size, blocked_s=blocked, write_s=wrote)
             self._retire()
         dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
 

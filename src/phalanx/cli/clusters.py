@@ -6,13 +6,8 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from phalanx.cli.checked import load_checked
-
-err = Console(stderr=True, soft_wrap=True)
-JOB = typer.Argument(..., help="the job spec (YAML)", dir_okay=False)
-RUNS_DIR = typer.Option(Path("runs"), help="where run directories are created: a path every node sees")
+from phalanx.cli.common import JOB, RUNS_DIR, err, load_checked
 
 slurm_app = typer.Typer(
     no_args_is_help=True, help="Run jobs on a Slurm cluster: one agent per node (docs/clusters.md)."

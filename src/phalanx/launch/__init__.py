@@ -2,7 +2,8 @@
 rendezvous they share, and the worker processes of each node."""
 
 from phalanx.launch.agent import NodeAgent
-from phalanx.launch.fleet import LaunchError
-from phalanx.launch.supervisor import HostedRendezvous, Outcome, RunResult, Supervisor
+from phalanx.launch.node import LaunchError
+from phalanx.launch.supervisor import HostedRendezvous, Supervisor
+from phalanx.obs.rundir import Outcome, RunResult
 
 __all__ = ["HostedRendezvous", "LaunchError", "NodeAgent", "Outcome", "RunResult", "Supervisor"]

@@ -12,25 +12,23 @@ by another node (docs/multinode.md says why); the restarted job resumes from its
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
-from phalanx.launch.fleet import POLL_S, LaunchError
-from phalanx.launch.node import Plan, node_workers
+from phalanx.launch.attempt import POLL_S
+from phalanx.launch.node import LaunchError, Plan, node_workers, resolve_device, spec_digest
 from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, attempt_key
-from phalanx.launch.supervisor import Outcome, RunResult, resolve_device, spec_digest
 from phalanx.launch.workers import WorkerGroup
 from phalanx.obs import EventLog, RunDir
 from phalanx.obs.console import Console
+from phalanx.obs.events import Event
+from phalanx.obs.rundir import Outcome, RunResult
 from phalanx.spec import JobSpec, load_spec
 
 
@@ -195,10 +193,9 @@ class NodeAgent:
         if self.group is not None:
             self.group.stop(signal.SIGKILL, 0)
         if self.run_dir is not None:
-            EventLog(self.run_dir.events).emit("rendezvous_lost", node=self.node, addr=self.addr, cause=why)
+            EventLog(self.run_dir.events).emit(Event.RENDEZVOUS_LOST, node=self.node, addr=self.addr, cause=why)
             result = RunResult(Outcome.FAILED, 1, reason, str(self.run_dir.root), failed_node=0, node_lost=True)
-            with contextlib.suppress(FileExistsError), self.run_dir.result.open("x") as f:  # the first survivor's
-                f.write(json.dumps(asdict(result), indent=2) + "\n")
+            self.run_dir.write_result(result, first=True)  # every survivor tries; the first one's stands
         if self.on_lost:
             self._run_on_lost(self.on_lost)
         return 1

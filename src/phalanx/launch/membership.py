@@ -11,24 +11,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phalanx.launch.fleet import Fleet, LaunchError
-from phalanx.launch.node import Plan
+from phalanx.launch.attempt import Agents
+from phalanx.launch.node import LaunchError, Plan
 from phalanx.obs import EventLog, RunDir
+from phalanx.obs.events import Event
 from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, Nodes, resized
 from phalanx.spec import JobSpec, SpecError, dump_spec
 
 
 class Membership:
     def __init__(
-        self, spec: JobSpec, run_dir: RunDir, fleet: Fleet, device: str, say: Callable[[str], None], events: EventLog
+        self, spec: JobSpec, run_dir: RunDir, agents: Agents, device: str, say: Callable[[str], None], events: EventLog
     ):
         r, res = spec.resilience, spec.resources
-        self.spec, self.run_dir, self.fleet, self.device = spec, run_dir, fleet, device
+        self.spec, self.run_dir, self.agents, self.device = spec, run_dir, agents, device
         self.say, self.events = say, events
         self.capacity = Capacity(res.procs_per_node, r.allow_shrink, r.min_procs, r.regrow_after_s)
         self.nodes = Nodes(res.nodes, r.allow_shrink, max(1, math.ceil(r.min_procs / res.procs_per_node)))
         self.attempt_spec, self.attempt_spec_path = spec, run_dir.spec  # what the next attempt runs
-        self._lost_seen = 0  # how many of the fleet's lost agents have been looked at
+        self._lost_seen = 0  # how many of the agents's lost agents have been looked at
 
     def plan(self, attempt: int, port: int) -> Plan:
         """The next attempt's plan, its worker store on this node at ``port``."""
@@ -41,7 +42,7 @@ class Membership:
             attempt=attempt,
             members=tuple(self.nodes.members),
             procs=self.attempt_spec.resources.procs_per_node,
-            master_addr=self.fleet.me.addr,
+            master_addr=self.agents.me.addr,
             master_port=port,
             spec_path=str(self.attempt_spec_path),
             device=self.device,
@@ -51,33 +52,35 @@ class Membership:
 
     def record(self) -> dict[str, Any]:
         """The nodes, for the events: every agent that joined, the members, the spares, the nodes out."""
-        agents = {str(n): {"addr": a.addr, "host": a.host, "pid": a.pid} for n, a in self.fleet.agents.items()}
+        agents = {str(n): {"addr": a.addr, "host": a.host, "pid": a.pid} for n, a in self.agents.joined.items()}
         return {"agents": agents, "members": self.nodes.members, "spares": self.nodes.spares, "out": self.nodes.out}
 
     def poll_spares(self) -> None:
         """Spares that joined become available; spares found lost leave the pool (members lost are the
         attempt's business)."""
-        for lost in self.fleet.found_lost[self._lost_seen :]:
+        for lost in self.agents.found_lost[self._lost_seen :]:
             if lost.node in self.nodes.spares:
-                agent = self.fleet.agents[lost.node]
+                agent = self.agents.joined[lost.node]
                 self.say(f"spare {agent.name} lost: no heartbeat for {lost.silent_s:.1f} s")
-                self.events.emit("spare_lost", node=lost.node, addr=agent.addr, host=agent.host, silent_s=lost.silent_s)
+                self.events.emit(
+                    Event.SPARE_LOST, node=lost.node, addr=agent.addr, host=agent.host, silent_s=lost.silent_s
+                )
                 self._changed(self.nodes.after_failure(lost.node, lost=True))
-        self._lost_seen = len(self.fleet.found_lost)
+        self._lost_seen = len(self.agents.found_lost)
         res = self.spec.resources
         try:
-            joined = self.fleet.poll_joins(list(range(res.nodes, res.nodes + res.spare_nodes)))
+            joined = self.agents.poll_joins(list(range(res.nodes, res.nodes + res.spare_nodes)))
         except LaunchError as e:
             self.say(f"a spare cannot serve: {e}")
             return
         for node in joined:
             self.nodes.add_spare(node)
-            self.say(f"{self.fleet.name(node)} joined as a spare")
+            self.say(f"{self.agents.name(node)} joined as a spare")
 
     def after_failure(self, failed_rank: int | None, failed_node: int | None, node_lost: bool, attempt: int) -> None:
         """Decide the next attempt's nodes (multi-node) or slots (one node) after a failed attempt. Raises
         NoCapacity if the job cannot go on."""
-        if self.fleet.rdzv is None:
+        if self.agents.rdzv is None:
             self._shrink_slots(failed_rank, attempt)
             return
         self.poll_spares()
@@ -89,7 +92,7 @@ class Membership:
     def _changed(self, change: str | None) -> None:
         if change is not None:
             self.say(change)
-            self.events.emit("nodes_changed", change=change, **self.record())
+            self.events.emit(Event.NODES_CHANGED, change=change, **self.record())
 
     def _run_next(self, spec: JobSpec, attempt: int) -> Path:
         """From ``attempt`` on, run ``spec``, written beside the run's own as spec.attempt-<n>.yaml."""
@@ -115,7 +118,7 @@ class Membership:
             f"shrinking to {procs} process(es) without local slot {slot}: its rank failed first in "
             f"{FAILURES_TO_EXCLUDE} attempts in a row (spec of the next attempts: {path})"
         )
-        self.events.emit("shrunk", slot=slot, slots=self.capacity.slots, procs=procs)
+        self.events.emit(Event.SHRUNK, slot=slot, slots=self.capacity.slots, procs=procs)
 
     def regrow_due(self, since: float | None, latest_step: int | None, now: float) -> bool:
         """A shrunk attempt has trained (reported steps since ``since``) for regrow_after_s, and has steps left."""
@@ -132,4 +135,4 @@ class Membership:
             f"growing back to {self.capacity.full} process(es) with slot(s) {back}; a slot that fails first again "
             "is left out at once"
         )
-        self.events.emit("grown", slots=back, procs=self.capacity.full, attempt=attempt)
+        self.events.emit(Event.GROWN, slots=back, procs=self.capacity.full, attempt=attempt)

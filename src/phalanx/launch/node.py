@@ -10,6 +10,7 @@ the innermost mesh dimension (FSDP's shard group, TP) stays within a node and re
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -17,7 +18,12 @@ from typing import Any
 
 from phalanx.launch.workers import Worker
 from phalanx.obs.rundir import RunDir
-from phalanx.spec import JobSpec
+from phalanx.spec import JobSpec, dump_spec
+
+
+class LaunchError(RuntimeError):
+    """The job cannot start as specified (not a failure of the job itself)."""
+
 
 # What a worker can count on, whatever started it: its rank, the world size, its node, how many times the job
 # restarted, its run directory and where its checkpoints go (docs/clusters.md).
@@ -142,3 +148,23 @@ def node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str,
         "PHALANX_NODE_RANK": str(node),
         "PHALANX_CHECKPOINT_DIR": run_dir.checkpoint_location(spec.checkpoint.dir),
     }
+
+
+def resolve_device(requested: str, procs_per_node: int) -> str:
+    import torch
+
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        have = torch.cuda.device_count()
+        if have < procs_per_node:
+            raise LaunchError(
+                f"resources.device = cuda with procs_per_node = {procs_per_node}, but this machine has {have} "
+                f"CUDA device(s); use procs_per_node <= {have} or device: cpu"
+            )
+    return requested
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """Every agent must run the same spec: they compare this."""
+    return hashlib.sha256(dump_spec(spec).encode()).hexdigest()[:16]

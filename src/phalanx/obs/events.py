@@ -3,6 +3,7 @@ happen, so a crash loses nothing already written."""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
@@ -11,10 +12,54 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+
+class Event(enum.StrEnum):
+    """The kinds of event phalanx writes to a run's events.jsonl: the names every reader matches on. A user's
+    script may add kinds of its own (``ctx.event``); these are phalanx's."""
+
+    # the supervisor's: the run and its attempts
+    RUN_STARTED = "run_started"
+    NODES_JOINED = "nodes_joined"
+    ATTEMPT_STARTED = "attempt_started"
+    RESTART_SCHEDULED = "restart_scheduled"
+    SIGNAL_RECEIVED = "signal_received"
+    RUN_FINISHED = "run_finished"
+    # the supervisor's: what went wrong
+    WORKER_FAILED = "worker_failed"
+    HANG_DETECTED = "hang_detected"
+    STRAGGLER = "straggler"
+    NODE_LOST = "node_lost"
+    # the supervisor's: in-process recovery
+    RECOVERY_STARTED = "recovery_started"
+    RECOVERY_STALLED = "recovery_stalled"
+    IN_PROCESS_REFUSED = "in_process_refused"
+    # the supervisor's membership: spares, shrinking and growing back
+    SPARE_LOST = "spare_lost"
+    NODES_CHANGED = "nodes_changed"
+    SHRUNK = "shrunk"
+    REGROW_STOP = "regrow_stop"
+    GROWN = "grown"
+    # another node's agent
+    RENDEZVOUS_LOST = "rendezvous_lost"
+    # rank 0's: training and checkpoints
+    CHECKPOINT_INTERVAL = "checkpoint_interval"
+    CHECKPOINT_WAITED = "checkpoint_waited"
+    CHECKPOINT_COMMITTED = "checkpoint_committed"
+    RECOVERED_IN_PROCESS = "recovered_in_process"
+    BAD_STEP_SKIPPED = "bad_step_skipped"
+    BAD_STEP_ROLLBACK = "bad_step_rollback"
+    PREEMPTED = "preempted"
+
+
 # The events that begin a recovery from a failure: a restart of every process from the last checkpoint, or an
 # in-process recovery (a warm spare in the failed rank's place). Both carry restart, failure, cause, category
 # and reason.
-RESTARTS = ("restart_scheduled", "recovery_started")
+RESTARTS = (Event.RESTART_SCHEDULED, Event.RECOVERY_STARTED)
+FAILURES = (Event.WORKER_FAILED, Event.HANG_DETECTED, Event.NODE_LOST)  # each written when the failure was seen
+# What starts a stretch of steps: an attempt, or an in-process recovery within one (its survivors go back to
+# their snapshot's step, so steps after it may redo steps before it).
+SEGMENTS = (Event.ATTEMPT_STARTED, Event.RECOVERY_STARTED)
+BAD_STEPS = (Event.BAD_STEP_SKIPPED, Event.BAD_STEP_ROLLBACK)  # the recipe's events for NaN/Inf or spiked losses
 
 
 class JsonlLog:
@@ -32,7 +77,7 @@ class JsonlLog:
 
 
 class EventLog(JsonlLog):
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, kind: Event | str, **fields: Any) -> dict[str, Any]:
         return self.write(kind=kind, **fields)
 
 

@@ -27,14 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.obs.events import read_jsonl
+from phalanx.obs.events import FAILURES, SEGMENTS, Event, read_jsonl
 from phalanx.obs.rundir import RunDir
 
 CATEGORIES = ("productive", "lost", "checkpoint", "data", "detection", "recovery", "idle")
-FAILURES = ("worker_failed", "hang_detected", "node_lost")
-# What starts a stretch of steps: an attempt, or an in-process recovery within one (its survivors go back to
-# their snapshot's step, so steps after it may redo steps before it).
-SEGMENTS = ("attempt_started", "recovery_started")
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class Ledger:
 
 
 def steps_by_attempt(
-    events: list[dict[str, Any]], metrics: list[dict[str, Any]], starts: tuple[str, ...] = ("attempt_started",)
+    events: list[dict[str, Any]], metrics: list[dict[str, Any]], starts: tuple[str, ...] = (Event.ATTEMPT_STARTED,)
 ) -> dict[int, list[dict[str, Any]]]:
     """Rank 0's step records grouped by the attempt that wrote them (the last attempt started before each).
     ``starts``: the events that begin a group (with ``SEGMENTS``, an in-process recovery begins one too)."""
@@ -78,13 +74,18 @@ def write_overhead(work: Sequence[float], writing: Sequence[bool]) -> list[float
     return [max(0.0, w - usual) if busy else 0.0 for w, busy in zip(work, writing, strict=True)]
 
 
-def ledger(run: RunDir) -> Ledger:
-    events = list(read_jsonl(run.events))
-    metrics = list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
+def read_run(run: RunDir) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run's events and rank 0's step records, as written so far."""
+    events = list(read_jsonl(run.events)) if run.events.is_file() else []
+    return events, list(read_jsonl(run.metrics)) if run.metrics.is_file() else []
+
+
+def ledger(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> Ledger:
+    """The ledger of a run's events and step records (``read_run``); it has at least its first event."""
     start = events[0]["ts"]
     # A run still going ends, so far, at what it last wrote: its last event or its last step.
     so_far = max(events[-1]["ts"], metrics[-1]["ts"] if metrics else 0.0)
-    end = next((e["ts"] for e in events if e["kind"] == "run_finished"), so_far)
+    end = next((e["ts"] for e in events if e["kind"] == Event.RUN_FINISHED), so_far)
     attempts = [e["ts"] for e in events if e["kind"] in SEGMENTS]
     failures = [e["ts"] for e in events if e["kind"] in FAILURES]
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -139,6 +140,6 @@ def ledger(run: RunDir) -> Ledger:
 
 
 def write_ledger(run: RunDir) -> Ledger:
-    result = ledger(run)
+    result = ledger(*read_run(run))
     run.goodput.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result

@@ -8,11 +8,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from phalanx.obs.events import read_jsonl
+from phalanx.obs.events import BAD_STEPS, read_jsonl
 from phalanx.obs.goodput import steps_by_attempt
 from phalanx.obs.rundir import RunDir
-
-BAD_STEPS = ("bad_step_skipped", "bad_step_rollback")  # the recipe's events for NaN/Inf or spiked losses
 
 
 def plot_loss(run: RunDir) -> Path | None:

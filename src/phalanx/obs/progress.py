@@ -43,7 +43,7 @@ def clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-class Progress:
+class ProgressFeed:
     """Follows a metrics.jsonl that rank 0 appends to: ``poll()`` returns what is new since the last call."""
 
     def __init__(self, metrics: Path, total_steps: int | None):

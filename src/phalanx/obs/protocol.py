@@ -54,6 +54,17 @@ class NoRecovery(RuntimeError):
     """In-process recovery cannot go on: the worker exits and the supervisor restarts the job."""
 
 
+def last_heartbeat(store: dist.Store, rank: int) -> dict[str, Any] | None:
+    """The last heartbeat ``rank`` sent through the worker SDK ({step, ts, compute_s}), if it sent any."""
+    key = HEARTBEAT_KEY.format(rank=rank)
+    return json.loads(store.get(key)) if store.check([key]) else None
+
+
+def last_step(store: dist.Store, rank: int) -> int | None:
+    beat = last_heartbeat(store, rank)
+    return beat["step"] if beat is not None else None
+
+
 def decision_key(generation: int) -> str:
     return f"phalanx/recovery/{generation}"
 

@@ -15,11 +15,45 @@ runs/<name>/<run id>/
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import enum
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+
+class Outcome(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: result.json, written by the supervisor (or by the first agent to find node 0 lost) and
+    read by the control plane's executors."""
+
+    outcome: Outcome
+    exit_code: int  # 0 succeeded, 1 a worker failed, 128 + signal when stopped by a signal
+    reason: str
+    run_dir: str
+    failed_rank: int | None = None
+    failed_node: int | None = None  # the node of the failed rank, or the node lost
+    node_lost: bool = False
+    restarts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> RunResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in fields.items() if k in known}, "outcome": Outcome(fields["outcome"])})
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,31 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    def write_result(self, result: RunResult, first: bool = False) -> bool:
+        """Write result.json whole (a reader never sees half of it); ``first``: only if no result is there yet
+        (several survivors of a lost node 0 may each try). Whether this call wrote it."""
+        part = self.root / f".result.json.{os.getpid()}"
+        part.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        try:
+            if not first:
+                part.replace(self.result)
+                return True
+            try:
+                os.link(part, self.result)  # fails if there is one: atomic and exclusive
+                return True
+            except FileExistsError:
+                return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+
+    def read_result(self) -> RunResult | None:
+        """How the run ended, or None while it has not (or its launcher died before saying)."""
+        try:
+            return RunResult.from_json(json.loads(self.result.read_text()))
+        except FileNotFoundError:
+            return None
+
     def checkpoint_location(self, configured: str | None) -> str:
         """Where the job's checkpoints go: ``checkpoint.dir`` (a path or a URL), else this run's checkpoints/."""
         return configured or str(self.checkpoints)
@@ -89,3 +148,11 @@ class RunDir:
 
     def stacks(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.stacks.txt"
+
+
+def newest_run(runs_root: str | Path) -> RunDir | None:
+    """The newest run directory under ``runs_root`` (<name>/<run id>/, as ``RunDir.create`` makes them): an
+    execution has one per start of its launcher (Slurm requeues one). Folders whose names begin with a dot (a
+    launcher's own files, such as .slurm/) are not runs."""
+    found = [p for p in Path(runs_root).glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")]
+    return RunDir(max(found, key=lambda p: p.stat().st_mtime_ns)) if found else None

@@ -1,5 +1,5 @@
 """Failure detection and recovery policy, used by the supervisor: what failed, whether to retry, hangs,
-stragglers; and fault injection (chaos) to test them."""
+stragglers, shrinking and growing back. Fault injection to test them is a command (cli/chaos.py)."""
 
 from phalanx.resilience.hang import HangDetector, Stall
 from phalanx.resilience.policy import Failure, Kind, backoff_s, classify_exit, hang

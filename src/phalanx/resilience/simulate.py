@@ -52,7 +52,7 @@ SCOPES = ("process", "node", "fabric", "hang")
 
 
 @dataclass(frozen=True)
-class Costs:
+class RecoveryCosts:
     """Seconds. Defaults: this machine's measurements (bench/RESULTS.md) where one exists; what cannot be
     measured here (a replacement node, hang detection at scale) is a parameter, said in the output."""
 
@@ -73,7 +73,7 @@ class Costs:
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    young_daly: bool  # storage interval: Young/Daly's for the restart-path failures, else Costs.fixed_every_s
+    young_daly: bool  # storage interval: Young/Daly's for the restart-path failures, else RecoveryCosts.fixed_every_s
     in_process: frozenset[str]  # the scopes recovered without a restart
 
     def recovers(self, scope: str) -> bool:
@@ -97,7 +97,7 @@ def scope_shares() -> dict[str, float]:
     return {s: sum(n for _, n, scope in LLAMA3_CAUSES if scope == s) / total for s in SCOPES}
 
 
-def storage_interval_s(strategy: Strategy, gpus: int, costs: Costs) -> float:
+def storage_interval_s(strategy: Strategy, gpus: int, costs: RecoveryCosts) -> float:
     """Work seconds between storage checkpoints: fixed, or Young/Daly's for the failures that restart."""
     if not strategy.young_daly:
         return costs.fixed_every_s
@@ -107,7 +107,7 @@ def storage_interval_s(strategy: Strategy, gpus: int, costs: Costs) -> float:
     return young_daly_s(costs.save_s, 1 / failures_per_s(gpus, restarting))
 
 
-def snapshot_every(strategy: Strategy, gpus: int, costs: Costs) -> int:
+def snapshot_every(strategy: Strategy, gpus: int, costs: RecoveryCosts) -> int:
     """Steps between memory snapshots: Young/Daly's optimum applies to them as to storage checkpoints, with
     the snapshot's cost and the failures recovered in process."""
     if costs.snapshot_every is not None:
@@ -117,7 +117,7 @@ def snapshot_every(strategy: Strategy, gpus: int, costs: Costs) -> int:
     return max(1, round(seconds / costs.step_s))
 
 
-def run(strategy: Strategy, gpus: int, costs: Costs, work_s: float, seed: int) -> float:
+def run(strategy: Strategy, gpus: int, costs: RecoveryCosts, work_s: float, seed: int) -> float:
     """One simulated job of ``work_s`` seconds of training: its goodput (work / wall time)."""
     rng = random.Random(seed)
     causes = [scope for _, n, scope in LLAMA3_CAUSES for _ in range(n)]
@@ -164,7 +164,7 @@ class Row:
     snapshot_every: int  # steps between memory snapshots (0: none)
 
 
-def goodput_table(gpu_counts: list[int], costs: Costs, days: float, seeds: int) -> list[Row]:
+def goodput_table(gpu_counts: list[int], costs: RecoveryCosts, days: float, seeds: int) -> list[Row]:
     rows = []
     for strategy in STRATEGIES:
         for gpus in gpu_counts:

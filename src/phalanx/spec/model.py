@@ -8,18 +8,13 @@ each can name the exact field it blames.
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-
-
-class Strict(BaseModel):
-    """Base for every spec section: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_default=True, allow_inf_nan=False)
+from phalanx.spec.base import Name, Strict
+from phalanx.spec.clusters import Kubernetes, Slurm
+from phalanx.spec.parallel import Parallel, pipeline_issues
 
 
 class Resources(Strict):
@@ -58,66 +53,6 @@ class ModelSpec(Strict):
         default=None, description="default: the preset's; must hold the vocabulary of the data it trains on"
     )
     tie_embeddings: bool | None = Field(default=None, description="share the input embedding and output weights")
-
-
-PIPELINE_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
-ONE_STAGE_SCHEDULES = ("1F1B", "GPipe")  # a stage per rank; the others run pp_stages_per_rank each
-
-
-class Parallel(Strict):
-    """Degrees of the device mesh (pp, dp_replicate, dp_shard, tp, outermost first); ``dp_shard: -1`` takes
-    whatever the world size leaves."""
-
-    pp: PositiveInt = Field(
-        default=1, description="pipeline-parallel degree: the blocks split into stages, one group of ranks each"
-    )
-    pp_schedule: Literal[PIPELINE_SCHEDULES] = Field(  # type: ignore[valid-type]
-        default="1F1B",
-        description="how the micro-batches go through the stages: 1F1B, GPipe, Interleaved1F1B (several stages "
-        "per rank, a smaller bubble), InterleavedZeroBubble or ZBVZeroBubble (backward split into its input and "
-        "weight halves, the smallest bubble)",
-    )
-    pp_stages_per_rank: PositiveInt = Field(
-        default=1,
-        description="virtual stages per pipeline rank: 1 for 1F1B and GPipe, 2 for ZBVZeroBubble, 1 or more for the "
-        "interleaved schedules",
-    )
-    dp_replicate: PositiveInt = Field(default=1, description="data-parallel replicas; > 1 with dp_shard > 1 is HSDP")
-    dp_shard: Annotated[int, Field(ge=-1)] = Field(
-        default=-1, description="FSDP2 sharding degree; -1: the world size / (pp x dp_replicate x tp)"
-    )
-    tp: PositiveInt = Field(default=1, description="tensor-parallel degree (Megatron-style, sequence-parallel norms)")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Parallel:
-        if self.dp_shard == 0:
-            raise ValueError("dp_shard must be a positive degree, or -1 to fill the world size")
-        if self.pp_schedule in ONE_STAGE_SCHEDULES and self.pp_stages_per_rank != 1:
-            raise ValueError(
-                f"pp_stages_per_rank = {self.pp_stages_per_rank} with pp_schedule {self.pp_schedule}, which runs "
-                "one stage per rank; use pp_schedule: Interleaved1F1B, or pp_stages_per_rank: 1"
-            )
-        if self.pp_schedule == "ZBVZeroBubble" and self.pp_stages_per_rank != 2:
-            raise ValueError(
-                f"pp_stages_per_rank = {self.pp_stages_per_rank} with pp_schedule ZBVZeroBubble, which runs two "
-                "stages per rank (down the ranks and back); use pp_stages_per_rank: 2"
-            )
-        return self
-
-    def resolved(self, world_size: int) -> Parallel:
-        """The same degrees with ``dp_shard: -1`` replaced by its value for ``world_size``."""
-        if self.dp_shard != -1:
-            return self
-        return self.model_copy(update={"dp_shard": world_size // (self.pp * self.dp_replicate * self.tp)})
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def stages(self) -> int:
-        """Pipeline stages in all: the blocks are split into this many contiguous chunks."""
-        return self.pp * self.pp_stages_per_rank
 
 
 DEFAULT_WARMUP = 20
@@ -278,177 +213,6 @@ class Resilience(Strict):
     )
 
 
-SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@:-]{1,128}$")]
-# Slurm's own forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-SlurmTime = Annotated[str, Field(pattern=r"^(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2})$")]
-# sbatch's --mem: a size with an optional unit; 0 is all of each node's memory.
-SlurmMemory = Annotated[str, Field(pattern=r"^\d{1,9}[KMGT]?$")]
-# What the batch script renders itself, or takes from another field: never passed through slurm.sbatch_options.
-SBATCH_RENDERED = {
-    "nodes": "resources.nodes and spare_nodes", "ntasks": "one agent per node", "ntasks-per-node": "one agent per node",
-    "cpus-per-task": "slurm.cpus_per_node", "mem": "slurm.mem", "exclusive": "slurm.exclusive",
-    "gres": "slurm.gpus_per_node", "gpus": "slurm.gpus_per_node", "gpus-per-node": "slurm.gpus_per_node",
-    "time": "slurm.time_limit", "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
-    "constraint": "slurm.constraint", "job-name": "name", "output": "phalanx's log files",
-    "error": "phalanx's log files", "open-mode": "phalanx's log files", "chdir": "the submitting directory",
-    "no-kill": "phalanx's node handling", "requeue": "slurm.requeue", "no-requeue": "slurm.requeue",
-    "signal": "slurm.stop_margin_s", "wait-all-nodes": "the batch script", "array": None, "wrap": None,
-    "parsable": None, "export": "env (the workers' environment) and slurm.setup",
-}  # fmt: skip
-
-
-def _sbatch_option(option: str) -> str:
-    name, _, value = option.partition("=")
-    if not re.fullmatch(r"--[a-z][a-z0-9-]{0,40}", name):
-        raise ValueError(
-            f"{option!r}: give a long option as sbatch takes it, --name or --name=value (e.g. --reservation=maint)"
-        )
-    if not re.fullmatch(r"[^\s\"'\\]{0,256}", value):
-        raise ValueError(f"{option[:60]!r}: a value of at most 256 characters, with no spaces, quotes or backslashes")
-    if name[2:] in SBATCH_RENDERED:
-        instead = SBATCH_RENDERED[name[2:]]
-        raise ValueError(f"{name}: phalanx renders it" + (f" from {instead}" if instead else " or cannot run with it"))
-    return option
-
-
-def _port_range(ports: str) -> str:
-    low, _, high = ports.partition("-")
-    if not (re.fullmatch(r"\d{1,5}(-\d{1,5})?", ports) and 1024 <= int(low) <= int(high or low) <= 65535):
-        raise ValueError("give PORT or LOW-HIGH, with 1024 <= LOW <= HIGH <= 65535 (e.g. 29400-29499)")
-    return ports
-
-
-class Slurm(Strict):
-    """How `phalanx slurm submit` (and a server with `--executor slurm`) asks Slurm for the job's nodes, and how
-    each node is set up (docs/clusters.md)."""
-
-    partition: SlurmName | None = Field(default=None, description="sbatch --partition; default: the cluster's")
-    account: SlurmName | None = Field(default=None, description="sbatch --account")
-    qos: SlurmName | None = Field(default=None, description="sbatch --qos")
-    constraint: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.&|!*()\[\]:,-]{1,256}$")] | None = Field(
-        default=None, description="sbatch --constraint: node features, e.g. h100&ib"
-    )
-    time_limit: SlurmTime | None = Field(
-        default=None,
-        description="sbatch --time: minutes, HH:MM:SS or D-HH:MM:SS; stop_margin_s before it the job checkpoints "
-        "and stops",
-    )
-    stop_margin_s: Annotated[int, Field(ge=1, le=65535)] | None = Field(
-        default=None,
-        description="how long before the time limit Slurm warns the job (--signal), which then stops with a "
-        "checkpoint; at least resilience.stop_grace_s; default: stop_grace_s + 60",
-    )
-    gpus_per_node: Annotated[int, Field(ge=0)] | None = Field(
-        default=None, description="GPUs asked per node (gres gpu); default: procs_per_node on cuda, else 0"
-    )
-    cpus_per_node: PositiveInt | None = Field(
-        default=None,
-        description="CPUs asked per node (--cpus-per-task of the node's one agent, which its workers share); "
-        "default: all of each node's on cuda (exclusive), else procs_per_node",
-    )
-    mem: SlurmMemory | None = Field(
-        default=None, description="memory per node (--mem), e.g. 500G; 0: all of it; default: 0 on cuda, else Slurm's"
-    )
-    exclusive: bool | None = Field(
-        default=None, description="whole nodes, shared with no other job (--exclusive); default: true on cuda"
-    )
-    requeue: bool = Field(
-        default=True,
-        description="Slurm requeues the job when node 0 is lost or it is preempted, and it resumes from its last "
-        "checkpoint; false: the job ends",
-    )
-    rdzv_ports: Annotated[str, AfterValidator(_port_range)] = Field(
-        default="29400-29499",
-        description="the rendezvous listens on one port of this range (open it between the nodes), the job id "
-        "modulo its size: jobs sharing a head node collide only when their ids are that far apart",
-    )
-    python: Annotated[str, Field(pattern=r"^[^\x00\n]{1,1024}$")] | None = Field(
-        default=None, description="the Python interpreter on the nodes; default: the one that submits"
-    )
-    setup: list[Annotated[str, Field(pattern=r"^[^\x00\n]{0,1024}$")]] = Field(
-        default=[],
-        description="shell lines the batch script runs before it starts the agents (module load, source a venv); "
-        "srun carries the environment they make to every node",
-    )
-    sbatch_options: list[Annotated[str, AfterValidator(_sbatch_option)]] = Field(
-        default=[],
-        description="more sbatch options for the site, e.g. --reservation=x, --comment=y; those phalanx renders "
-        "are refused with the field to use",
-    )
-
-    @property
-    def ports(self) -> tuple[int, int]:
-        low, _, high = self.rdzv_ports.partition("-")
-        return int(low), int(high or low)
-
-
-K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")]
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
-
-
-class Kubernetes(Strict):
-    """How `phalanx k8s render|submit` makes the job a JobSet: one pod per node, one agent per pod
-    (docs/clusters.md)."""
-
-    namespace: K8sName = Field(default="default", description="where the JobSet and its ConfigMap go")
-    image: Annotated[str, Field(min_length=1)] | None = Field(
-        default=None, description="the container image, with phalanx, torch and the job's code; needed to render"
-    )
-    queue: K8sName | None = Field(
-        default=None, description="a Kueue LocalQueue: the JobSet gets the kueue.x-k8s.io/queue-name label"
-    )
-    runs_claim: K8sName | None = Field(
-        default=None,
-        description="a ReadWriteMany PersistentVolumeClaim mounted at runs_path in every pod (the shared filesystem "
-        "of run directories and checkpoints); null: an emptyDir, for one-node jobs",
-    )
-    runs_path: Annotated[str, Field(pattern=r"^/")] = Field(
-        default="/phalanx/runs", description="where the run directories are, in every pod"
-    )
-    gpu_resource: str = Field(default="nvidia.com/gpu", description="the extended resource that counts GPUs")
-    cpu: Quantity | None = Field(default=None, description="CPU request and limit per pod, e.g. '16' or '500m'")
-    memory: Quantity | None = Field(default=None, description="memory request and limit per pod, e.g. '200Gi'")
-    priority_class: K8sName | None = Field(default=None, description="the pods' priorityClassName")
-    service_account: K8sName | None = Field(default=None, description="the pods' serviceAccountName")
-    node_selector: dict[str, str] = Field(default={}, description="the pods' nodeSelector")
-
-
-def _pipeline_issues(p: Parallel, microbatches: int) -> list[tuple[str, str]]:
-    """A pipeline's micro-batches are the step's accumulation steps: global_batch / (micro_batch x dp)."""
-    if "ZeroBubble" in p.pp_schedule and p.dp > 1:
-        return [
-            (
-                "train.parallel.pp_schedule",
-                f"{p.pp_schedule} with a data-parallel degree of {p.dp}: FSDP reduces a block's gradients when its "
-                "backward pass ends, before a zero-bubble schedule's separate weight pass has computed them (in "
-                "torch 2.13 the gradients come out wrong); use Interleaved1F1B, or dp_replicate = dp_shard = 1",
-            )
-        ]
-    where = "train.micro_batch"
-    have = f"{microbatches} micro-batch(es) a step (global_batch / (micro_batch x data-parallel degree))"
-    if p.pp_schedule == "1F1B" and microbatches < p.pp:
-        return [
-            (
-                where,
-                f"{have} for pp = {p.pp} stages with pp_schedule 1F1B, which needs at least one per stage; "
-                f"use a micro_batch that gives >= {p.pp}, or pp_schedule: GPipe",
-            )
-        ]
-    rounds = max(1, microbatches // p.pp)
-    if p.pp_schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and microbatches % rounds:
-        valid = [m for m in range(p.pp, 2 * microbatches + p.pp) if m % max(1, m // p.pp) == 0]
-        near = sorted(valid, key=lambda m: abs(m - microbatches))[:4]
-        return [
-            (
-                where,
-                f"{have} with pp_schedule {p.pp_schedule} and pp = {p.pp}: it runs them in count // pp = {rounds} "
-                f"rounds, so the count must be a multiple of {rounds}; valid counts near it: "
-                f"{', '.join(map(str, sorted(near)))}",
-            )
-        ]
-    return []
-
-
 class JobSpec(Strict):
     """A job: either the built-in recipe (``train:``) or any script under supervision (``command:``)."""
 
@@ -525,7 +289,7 @@ class JobSpec(Strict):
                 )
             )
         elif p.pp > 1:
-            issues += _pipeline_issues(p.resolved(world), t.global_batch // step)
+            issues += pipeline_issues(p.resolved(world), t.global_batch // step)
         if t.optimizer.warmup_steps > t.steps:
             issues.append(
                 (

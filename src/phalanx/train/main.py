@@ -11,8 +11,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from phalanx.checkpoint import memory
 from phalanx.spec import load_spec
+from phalanx.train.ft import warm_up
 from phalanx.train.sdk import init
-from phalanx.train.trainer import Trainer, warm_up
+from phalanx.train.trainer import Trainer
 
 
 def warm() -> None:

@@ -23,7 +23,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from phalanx.spec.model import Parallel, Train
+from phalanx.spec.model import Train
+from phalanx.spec.parallel import Parallel
 from phalanx.train import pipeline
 from phalanx.train.models.llama import Llama, LlamaConfig
 

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-from phalanx.spec.model import Parallel
+from phalanx.spec.parallel import Parallel
 from phalanx.train.models.llama import Llama
 
 

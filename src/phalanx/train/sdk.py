@@ -68,6 +68,16 @@ class WorkerContext:
         if self._metrics is not None:
             self._metrics.write(step=step, **metrics)
 
+    def checkpoint_location(self) -> str:
+        """Where the recipe's checkpoints go: ``checkpoint.dir`` (a path or a URL such as s3://bucket/run), else
+        the run's checkpoints/."""
+        assert self.spec is not None
+        if self.run_dir is None:
+            if not self.spec.checkpoint.dir:
+                raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
+            return self.spec.checkpoint.dir
+        return self.run_dir.checkpoint_location(self.spec.checkpoint.dir)
+
     def requested_fault(self) -> str | None:
         """Fault injection: the loss fault ``phalanx chaos nan|spike`` asked for, if any. Rank 0 answers, once
         per request (one rank's bad loss reaches every rank through the gradient and loss reductions)."""

@@ -9,7 +9,6 @@ import hashlib
 import math
 import signal
 import statistics
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -21,17 +20,15 @@ import torch.nn.functional as F
 
 from phalanx.checkpoint import CheckpointManager
 from phalanx.checkpoint.interval import choose, default_mtbf_hours
-from phalanx.checkpoint.memory import PeerMemory, restore, serialize
 from phalanx.data.loader import BatchSource, Prefetcher, TokenSource
 from phalanx.data.synthetic import SyntheticTokens
-from phalanx.obs import protocol
-from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes, resident_bytes
+from phalanx.obs.events import Event
+from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
 from phalanx.obs.progress import step_line
-from phalanx.obs.protocol import PeerLost, peer_lost
-from phalanx.spec import JobSpec, SpecError, dump_spec
-from phalanx.spec.model import Optimizer, Parallel
+from phalanx.spec import SpecError, dump_spec
+from phalanx.spec.model import Optimizer
+from phalanx.train.ft import InProcess, loss_fault
 from phalanx.train.guard import LossGuard
-from phalanx.train.models.llama import PRESETS
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.pipeline import Pipeline, bubble_fraction
 from phalanx.train.recipe import model_config, vocabulary_issue
@@ -51,15 +48,6 @@ def lr_factor(opt: Optimizer, steps: int, step: int) -> float:
     return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * shape
 
 
-MAX_BAD_IN_A_ROW = 5  # skipping more than this many steps in a row is not recovery: stop
-POISON = {"nan": float("nan"), "spike": 10.0}  # what `phalanx chaos` multiplies one rank's loss by
-
-
-class BadLoss(FloatingPointError):
-    """Training produced NaN/Inf or a loss spike, and resilience.on_nan says to stop (or skipping no longer
-    helps)."""
-
-
 @dataclass(frozen=True)
 class StepStats:
     step: int
@@ -71,39 +59,6 @@ class StepStats:
     checkpoint_writing: bool  # a background save was writing as the step began
     stop: bool = False  # some rank was asked to stop (SIGTERM): checkpoint now and exit
     problem: str | None = None  # why the step was bad (NaN/Inf, a spike) and its update not applied
-
-
-def _checkpoint_dir(ctx: WorkerContext) -> str:
-    """``checkpoint.dir`` from the spec (a path or a URL such as s3://bucket/run), else the run's checkpoints/."""
-    assert ctx.spec is not None
-    if ctx.run_dir is None:
-        if not ctx.spec.checkpoint.dir:
-            raise ValueError("checkpoint.dir must be set in the spec when the trainer runs without a run directory")
-        return ctx.spec.checkpoint.dir
-    return ctx.run_dir.checkpoint_location(ctx.spec.checkpoint.dir)
-
-
-def warm_up(spec: JobSpec) -> None:
-    """The zygote of warm spares, before it forks them (train/main.py): run the recipe's code paths once (mesh, FSDP, a
-    step of AdamW, a memory snapshot and its restore) on a miniature of the model, in a process group of its own.
-    Taking a failed rank's place then costs the model's build without the first calls' overhead (lazy imports and
-    initialisation, dispatch caches: about a second on a CPU), which the survivors would wait for."""
-    assert spec.train is not None
-    hook = sys.excepthook  # init_process_group prefixes it with this group's rank ("[rank0]"): not the spare's
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        alone = Parallel(pp=1, dp_replicate=1, dp_shard=1, tp=1)
-        cfg = dataclasses.replace(PRESETS["llama-tiny"], tie_embeddings=model_config(spec).tie_embeddings)
-        model, _ = build_model(cfg, build_mesh("cpu", alone), spec.train, torch.device("cpu"), on_meta=False)
-        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-        tokens = torch.zeros(1, 9, dtype=torch.long)
-        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        state = {"model": model, "optimizer": optimizer, "rng": RNG()}
-        restore(serialize(state), state)
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = hook
 
 
 class Trainer:
@@ -126,9 +81,7 @@ class Trainer:
         self.peak = peak_flops(ctx.device, t.precision, t.peak_tflops)
         self.progress = Progress()
         self._preempted_at: float | None = None
-        self.guard = LossGuard(ctx.spec.resilience.loss_spike_factor)
-        self._rolled_back: set[int] = set()  # bad steps that were replayed from a checkpoint
-        self._bad_in_a_row = 0
+        self.guard = LossGuard(ctx.spec.resilience.loss_spike_factor, ctx.spec.resilience.on_nan)
         self._checkpoint_s = 0.0
         self._last_step_end: float | None = None
         self._step_times: deque[float] = deque(maxlen=20)  # recent steps' wall times, for every_steps: auto
@@ -137,14 +90,11 @@ class Trainer:
         self._run_started = (ctx.run_dir.started_at() if ctx.run_dir is not None else None) or time.time()
         self._build(weights=ctx.generation == 0)
         resilience = ctx.spec.resilience
-        # In-process recovery: the state in memory, this rank's and a neighbour's (checkpoint/memory.py).
-        self.memory = None
-        if resilience.in_process:
-            recovering = lambda: protocol.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
-            self.memory = PeerMemory(resilience.memory_every_steps, recovering)
-        if ctx.generation > 0:  # a warm spare that took a failed rank's place: the state comes from its peers
-            decided = protocol.decision(ctx.store, ctx.generation, resilience.recovery_timeout_s)
-            self._restore_from_memory(joiner=ctx.rank, reached=decided["reached"])
+        # In-process recovery: the state in memory, this rank's and a neighbour's (train/ft.py).
+        self.ft = InProcess(ctx) if resilience.in_process else None
+        if self.ft is not None and ctx.generation > 0:  # a warm spare in a failed rank's place: state from peers
+            decided = self.ft.joining()
+            self.checkpoints.last_saved = self.ft.restore(self.in_memory, joiner=ctx.rank, reached=decided["reached"])
         elif (latest := self.checkpoints.latest_valid()) is not None:
             self.checkpoints.load(latest, self.state)
             self._say(f"resumed from {latest.path} at step {self.progress.step}")
@@ -173,7 +123,7 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(o, t.steps, s))
         self.checkpoints = CheckpointManager(
-            _checkpoint_dir(ctx),
+            ctx.checkpoint_location(),
             ctx.spec.checkpoint,
             layout=self.parallel.model_dump(),
             spec_hash=hashlib.sha256(dump_spec(ctx.spec).encode()).hexdigest()[:16],
@@ -237,10 +187,7 @@ class Trainer:
         step, writing = self.progress.step, self.checkpoints.writing
         batch = self.batches.next().to(self.ctx.device, non_blocking=True)
         data_wait = time.perf_counter() - started
-        fault = POISON.get(self.ctx.requested_fault() or "", 1.0)  # fault injection: phalanx chaos nan|spike
-        # Without a pipeline it poisons rank 0's loss, and through its gradients the step's. With one, rank 0 may
-        # compute no loss (the last stage does): it scales the step's loss as reported, which the guard judges.
-        self._poison, reported = (fault, 0.0) if self.pipeline is None else (1.0, fault - 1.0)
+        self._poison, reported = loss_fault(self.ctx, self.pipeline is not None)  # phalanx chaos nan|spike
         loss_sum = torch.zeros((), device=self.ctx.device)
         if self.pipeline is not None:
             with self.autocast:
@@ -331,17 +278,14 @@ class Trainer:
     def fit(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            # A snapshot at once, so that a rank lost before the first step's is recovered too.
-            if self.memory is not None and not self.memory.steps():
-                self.memory.take(self.progress.step, self.in_memory)
+            if self.ft is not None:
+                self.ft.snapshot(self.progress.step, self.in_memory, first=True)
             while self.progress.step < self.train.steps:
                 try:
                     self._step()
                 except RuntimeError as e:
-                    if self.memory is None or not peer_lost(e):
+                    if self.ft is None or not self.ft.recovers(e):
                         raise
-                    if isinstance(e, PeerLost):  # said in this rank's log: the process keeps the trade (memory.py)
-                        print(f"rank {self.ctx.rank}: {e}", flush=True)
                     self._recover(e)
         finally:
             self.batches.close()
@@ -353,15 +297,11 @@ class Trainer:
         self.report(stats)
         if stats.stop:
             self._save_and_stop()
-        if stats.problem is None:
-            self._bad_in_a_row = 0
-        elif self._after_bad_step(stats):
+        if stats.problem is not None and self._after_bad_step(stats):
             return  # rolled back: progress is the checkpoint's step, saved already
         step = self.progress.step
-        if self.memory is not None and self.memory.due(step):
-            taking = time.perf_counter()
-            self.memory.take(step, self.in_memory)
-            self._checkpoint_s += time.perf_counter() - taking
+        if self.ft is not None:
+            self._checkpoint_s += self.ft.snapshot(step, self.in_memory)
         if self.checkpoints.due(step) or step == self.train.steps:
             cost = self.checkpoints.blocked_s  # the previous save's, whole by now (its copy waited for too)
             saving = time.perf_counter()
@@ -383,23 +323,17 @@ class Trainer:
         chosen = choose(cost, step_s, prior, self.ctx.attempt + self.ctx.generation, run_s / 3600)
         if chosen.steps != self.checkpoints.every or not self._interval_chosen:  # the first even if it is 10
             self._say(chosen.why())
-            self.ctx.event("checkpoint_interval", **dataclasses.asdict(chosen))
+            self.ctx.event(Event.CHECKPOINT_INTERVAL, **dataclasses.asdict(chosen))
         self.checkpoints.every, self._interval_chosen = chosen.steps, True
 
     def _recover(self, error: RuntimeError) -> None:
         """A peer died in a collective: wait for the supervisor's recovery (a warm spare in its place), join
-        its process group, rebuild on it and restore the state from memory. NoRecovery (the worker exits and
-        the job restarts from its checkpoint) when the supervisor does not recover in process."""
-        assert self.ctx.spec is not None and self.memory is not None
-        timeout = self.ctx.spec.resilience.recovery_timeout_s
+        its process group, rebuild on it and restore the state from memory (train/ft.py)."""
+        assert self.ctx.spec is not None and self.ft is not None
         began = time.perf_counter()
-        generation = self.ctx.generation + 1
-        try:
-            decided = protocol.decision(self.ctx.store, generation, timeout)
-        except protocol.NoRecovery as e:
-            raise protocol.NoRecovery(f"{e}, after: {error}") from error
+        decided = self.ft.decision(error)
         self.batches.close()
-        self.checkpoints.abandon(timeout)
+        self.checkpoints.abandon(self.ft.timeout_s)
         every = self.checkpoints.every  # an automatic interval tuned so far is kept
         del (
             self.state,
@@ -411,79 +345,33 @@ class Trainer:
             self.checkpoints,
             self.mesh,
         )
-        self.ctx.rejoin(generation)
+        self.ctx.rejoin(self.ctx.generation + 1)
         self._build(weights=False)
         self.checkpoints.every = every
-        self._restore_from_memory(joiner=decided["rank"], reached=decided["reached"], began=began)
+        step = self.ft.restore(self.in_memory, joiner=decided["rank"], reached=decided["reached"], began=began)
+        self.checkpoints.last_saved = step
         self.batches = self._batches()
         self._last_step_end = None
 
-    def _restore_from_memory(self, joiner: int, reached: int, began: float | None = None) -> None:
-        """Every rank of the new group: agree on the newest snapshot all survivors hold, hand the joiner its
-        rank's copy, load it, and give the joiner the copy it holds for its neighbour."""
-        assert self.ctx.spec is not None and self.memory is not None
-        ctx, memory = self.ctx, self.memory
-        began = time.perf_counter() if began is None else began
-        timeout = ctx.spec.resilience.recovery_timeout_s
-        mine = memory.steps() if ctx.rank != joiner else []
-        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, timeout)
-        if ctx.rank == joiner:
-            blob = memory.receive(memory.holder)
-        else:
-            if memory.held_for == joiner:
-                memory.hand_over(step, joiner)
-            blob = memory.own[step]
-        restore(blob, self.in_memory)
-        self.checkpoints.last_saved = step
-        memory.after_recovery(step, joiner, blob)
-        ctx.store.set(protocol.done_key(ctx.generation, ctx.rank), "1")
-        took = time.perf_counter() - began
-        self._say(
-            f"recovered in process: rank {joiner} replaced by a warm spare, state of step {step} restored from "
-            f"memory in {took:.2f} s (generation {ctx.generation})"
-        )
-        ctx.event(
-            "recovered_in_process",
-            generation=ctx.generation,
-            rank=joiner,
-            step=step,
-            lost_steps=max(0, reached - step),
-            took_s=took,
-            memory_bytes=memory.bytes(),  # the snapshots this rank holds: its own and its neighbour's
-            resident_bytes=resident_bytes(),  # with process_groups: what must stay flat over many recoveries
-            process_groups=len(dist.distributed_c10d._world.pg_map),
-        )
-
     def _after_bad_step(self, s: StepStats) -> bool:
-        """Apply resilience.on_nan to a step whose loss or grad norm was NaN/Inf or whose loss spiked (its update
-        was not applied). Returns True if the state was rolled back to the last checkpoint.
-
-        stop: fail (not retried: the same data would do the same). skip: go on past this batch.
-        rollback: reload the last valid checkpoint and replay from it, which clears a transient fault (a bad
-        device, a bit flip); a bad step that comes back at the same step is the data's: that batch is skipped."""
-        assert self.ctx.spec is not None
-        policy = self.ctx.spec.resilience.on_nan
+        """Apply resilience.on_nan (train/guard.py) to a step whose loss or grad norm was NaN/Inf or whose loss
+        spiked (its update was not applied). Returns True if the state was rolled back to the last checkpoint."""
         what = f"{s.problem} at step {s.step + 1}"
-        self._bad_in_a_row += 1
-        if policy == "stop" or self._bad_in_a_row > MAX_BAD_IN_A_ROW:
-            why = "resilience.on_nan: stop" if policy == "stop" else f"{self._bad_in_a_row} bad steps in a row"
-            raise BadLoss(f"{what} ({why})")
-        if policy == "rollback" and s.step not in self._rolled_back:
+        if self.guard.bad(s.step, what):
             self.checkpoints.wait()
             if (latest := self.checkpoints.latest_valid()) is not None:
-                self._rolled_back.add(s.step)
+                self.guard.rolled_back(s.step)
                 self.checkpoints.load(latest, self.state)
                 self.batches.close()
-                self.batches = Prefetcher(
-                    self.data, self.train.global_batch, self.mesh.dp_rank, self.parallel.dp, self.progress.step
-                )
+                self.batches = self._batches()
                 self._say(f"{what}: rolled back to the checkpoint of step {latest.step}, replaying from it")
                 self.ctx.event(
-                    "bad_step_rollback", step=s.step + 1, to_step=latest.step, loss=s.loss, problem=s.problem
+                    Event.BAD_STEP_ROLLBACK, step=s.step + 1, to_step=latest.step, loss=s.loss, problem=s.problem
                 )
                 return True
+        policy = self.guard.on_nan
         self._say(f"{what}: batch skipped (resilience.on_nan: {policy})")
-        self.ctx.event("bad_step_skipped", step=s.step + 1, loss=s.loss, problem=s.problem, policy=policy)
+        self.ctx.event(Event.BAD_STEP_SKIPPED, step=s.step + 1, loss=s.loss, problem=s.problem, policy=policy)
         return False
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
@@ -503,5 +391,5 @@ class Trainer:
             f"after the signal (grace {self.ctx.spec.resilience.stop_grace_s:g} s)",
             flush=True,
         )
-        self.ctx.event("preempted", step=step, saved_after_s=since)
+        self.ctx.event(Event.PREEMPTED, step=step, saved_after_s=since)
         raise SystemExit(128 + signal.SIGTERM)

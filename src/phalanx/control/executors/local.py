@@ -22,6 +22,7 @@ from pathlib import Path
 
 from phalanx.control.executors.base import Handle, Launch, Phase, Status
 from phalanx.control.scheduler import Node
+from phalanx.obs.rundir import newest_run
 
 PID_WAIT_S = 10.0
 # The child writes its own pid before it becomes the supervisor: a server that dies right after the fork
@@ -88,15 +89,14 @@ class LocalExecutor:
 
     def status(self, handle: Handle) -> Status:
         where = Path(handle["dir"])
-        run_dir = next((p for p in sorted((where / "runs").glob("*/*")) if p.is_dir()), None)
+        run = newest_run(where / "runs")
+        run_dir = run.root if run is not None else None
         if self._alive(handle):
             return Status(Phase.RUNNING, run_dir)
         self._devices.pop(handle["dir"], None)
         self._children.pop(handle["pid"], None)
-        result = run_dir / "result.json" if run_dir is not None else None
-        if result is not None and result.is_file():
-            ended = json.loads(result.read_text())
-            return Status(Phase.EXITED, run_dir, ended["outcome"], ended["exit_code"], ended["reason"])
+        if run is not None and (ended := run.read_result()) is not None:
+            return Status(Phase.EXITED, run_dir, ended.outcome, ended.exit_code, ended.reason)
         tail = _tail(where / "supervisor.log")
         return Status(
             Phase.LOST,

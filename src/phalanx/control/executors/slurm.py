@@ -23,7 +23,6 @@ the job starts again and resumes from its last checkpoint. docs/clusters.md has 
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from phalanx.control.executors.base import Handle, Launch, Phase, Status
 from phalanx.control.scheduler import Node
+from phalanx.obs.rundir import newest_run
 from phalanx.spec import JobSpec, dump_spec, parse_spec
 
 CAPACITY_TTL_S = 30.0
@@ -325,20 +325,19 @@ class SlurmExecutor:
         return None  # Slurm holds the job's nodes; nothing to count here
 
     def status(self, handle: Handle) -> Status:
-        run_dir = _newest_run(Path(handle["runs_dir"]))
+        run = newest_run(handle["runs_dir"])
+        run_dir = run.root if run is not None else None
         info = job_info(handle["job_id"])
         if info is None:
             return Status(Phase.LOST, run_dir, reason=f"Slurm no longer knows job {handle['job_id']}")
         if info.active:
             return Status(Phase.RUNNING, run_dir, reason=info.describe())
-        result = run_dir / "result.json" if run_dir is not None else None
-        if result is not None and result.is_file():
-            ended = json.loads(result.read_text())
+        if run is not None and (ended := run.read_result()) is not None:
             said = info.describe()
             if (Path(handle["dir"]) / f"time-limit-{handle['job_id']}").is_file():  # the batch script's USR1 trap
                 said = "Slurm: its time limit was near (slurm.time_limit, warned slurm.stop_margin_s before)"
-            reason = ended["reason"] + (f" ({said})" if info.state != "COMPLETED" else "")
-            return Status(Phase.EXITED, run_dir, ended["outcome"], ended["exit_code"], reason)
+            reason = ended.reason + (f" ({said})" if info.state != "COMPLETED" else "")
+            return Status(Phase.EXITED, run_dir, ended.outcome, ended.exit_code, reason)
         return Status(Phase.LOST, run_dir, reason=f"{info.describe()}; the job left no result")
 
     def signal(self, handle: Handle, signum: int) -> None:
@@ -349,12 +348,6 @@ class SlurmExecutor:
     def cancel(self, handle: Handle) -> None:
         """scancel: Slurm sends SIGTERM to every process of the job, then SIGKILL after its KillWait."""
         subprocess.run(["scancel", handle["job_id"]], capture_output=True)
-
-
-def _newest_run(runs: Path) -> Path | None:
-    """The newest run directory: a job Slurm requeued has one per start (.slurm/ holds submissions)."""
-    found = [p for p in runs.glob("*/*") if p.is_dir() and not p.parent.name.startswith(".")]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
 def _run(*args: str, cwd: Path | None = None) -> str:

@@ -6,11 +6,11 @@ from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
-from phalanx.control.scheduler.policy import Phalanx
+from phalanx.control.scheduler.policy import PredictiveBackfill
 from phalanx.control.scheduler.predict import DurationPredictor
 from phalanx.control.scheduler.state import Policy, Queue, State, Usage
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Phalanx, Fifo, KueueLike, TiresiasLike)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveBackfill, Fifo, KueueLike, TiresiasLike)}
 
 __all__ = [
     "POLICIES",
@@ -22,9 +22,9 @@ __all__ = [
     "Job",
     "KueueLike",
     "Node",
-    "Phalanx",
     "Placement",
     "Policy",
+    "PredictiveBackfill",
     "Preempt",
     "Queue",
     "Round",

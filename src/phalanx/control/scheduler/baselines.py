@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from phalanx.control.scheduler.jobs import Job, Round
+from phalanx.control.scheduler.snapshot import Snapshot
 from phalanx.control.scheduler.state import State
-from phalanx.control.scheduler.work import Work
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,15 @@ class Fifo:
         return (job.submitted,)
 
     def schedule(self, state: State, now: float) -> Round:
-        work = Work(state, now)
+        snap = Snapshot(state, now)
         for job in state.queue:
-            placement = work.place(job)
+            placement = snap.place(job)
             if placement is None:
-                work.wait(job, "placement", "strict FIFO: the first job waits for room")
-                work.round.otherwise = f"strict FIFO: behind {job.id}"
+                snap.wait(job, "placement", "strict FIFO: the first job waits for room")
+                snap.round.otherwise = f"strict FIFO: behind {job.id}"
                 break
-            work.admit(job, placement, borrowing=False)
-        return work.round
+            snap.admit(job, placement, borrowing=False)
+        return snap.round
 
 
 @dataclass(frozen=True)
@@ -50,28 +50,28 @@ class KueueLike:
         return (-job.priority, job.submitted)
 
     def schedule(self, state: State, now: float) -> Round:
-        work, blocked = Work(state, now), []
+        snap, blocked = Snapshot(state, now), []
         for borrowing_pass in (False, True):
             for job in state.queue:
-                if work.nothing_fits():
+                if snap.nothing_fits():
                     break
-                borrowing, why = work.quota(job)
-                if work.seen(job) or borrowing != borrowing_pass:
+                borrowing, why = snap.quota(job)
+                if snap.seen(job) or borrowing != borrowing_pass:
                     continue
-                if why is None and (placement := work.place(job)) is not None:
-                    work.admit(job, placement, borrowing)
+                if why is None and (placement := snap.place(job)) is not None:
+                    snap.admit(job, placement, borrowing)
                     continue
-                work.wait(job, "quota" if why else "placement", why or "no room")
+                snap.wait(job, "quota" if why else "placement", why or "no room")
                 if not borrowing:
                     blocked.append(job)  # within its quota: reclaim
         if not blocked:  # the cluster filled up before the quota-guaranteed jobs were reached
-            blocked = [job for job in state.queue if not work.seen(job) and not work.quota(job)[0]]
+            blocked = [job for job in state.queue if not snap.seen(job) and not snap.quota(job)[0]]
         order = sorted(state.running.values(), key=lambda run: (run.job.priority, -run.started, run.id))
         for job in blocked[: self.plans_per_round]:
-            victims = work.victims(job, work.preemptible(job, order))
+            victims = snap.victims(job, snap.preemptible(job, order))
             if victims:
-                work.preempt(victims, job, lambda run: "classic preemption")
-        return work.round
+                snap.preempt(victims, job, lambda run: "classic preemption")
+        return snap.round
 
 
 @dataclass(frozen=True)
@@ -107,23 +107,23 @@ class TiresiasLike:
         return int(job.gpus * (executed + (now - started if started is not None else 0.0)) >= self.threshold_gpu_s)
 
     def schedule(self, state: State, now: float) -> Round:
-        work = Work(state, now)
+        snap = Snapshot(state, now)
         levels = {job.id: self.level(job, now) for job in state.queue}
         pending = sorted(state.queue, key=lambda job: (levels[job.id], job.submitted, job.id))
         worse = [run for run in state.running.values() if self.level(run.job, now, run.started) == 1]
         plans = 0
         for job in pending:
             level = levels[job.id]
-            if work.nothing_fits() and (level == 1 or not worse or plans >= self.plans_per_round):
+            if snap.nothing_fits() and (level == 1 or not worse or plans >= self.plans_per_round):
                 break
-            if (placement := work.place(job)) is not None:
-                work.admit(job, placement, borrowing=False)
+            if (placement := snap.place(job)) is not None:
+                snap.admit(job, placement, borrowing=False)
                 continue
-            work.wait(job, "placement", f"queue {level}: no room")
+            snap.wait(job, "placement", f"queue {level}: no room")
             if level == 0 and worse and plans < self.plans_per_round:
                 order = sorted(worse, key=lambda run: (-run.job.submitted, run.id))  # the latest comer first
-                if victims := work.victims(job, order):
+                if victims := snap.victims(job, order):
                     plans += 1
-                    work.preempt(victims, job, lambda run: "2D-LAS: a job of the first queue")
-                    worse = [run for run in worse if run.id not in work.leaving]
-        return work.round
+                    snap.preempt(victims, job, lambda run: "2D-LAS: a job of the first queue")
+                    worse = [run for run in worse if run.id not in snap.leaving]
+        return snap.round

@@ -7,18 +7,18 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Tenant:
-    """A team's guarantee: ``nominal`` GPUs, always theirs when they ask. Within a ``cohort``, a tenant may also
+    """A team's guarantee: ``nominal_gpus``, always theirs when they ask. Within a ``cohort``, a tenant may also
     borrow GPUs the other members leave idle, up to ``borrowing_limit`` above its nominal (None: no limit);
     borrowed GPUs are reclaimed, by preemption, when their owner asks for them."""
 
     name: str
-    nominal: int
+    nominal_gpus: int
     cohort: str | None = None
     borrowing_limit: int | None = None
 
     def __post_init__(self) -> None:
-        if self.nominal < 0:
-            raise ValueError(f"tenant {self.name!r}: nominal quota {self.nominal}; it must be 0 or more GPUs")
+        if self.nominal_gpus < 0:
+            raise ValueError(f"tenant {self.name!r}: nominal quota {self.nominal_gpus}; it must be 0 or more GPUs")
         if self.borrowing_limit is not None and self.borrowing_limit < 0:
             raise ValueError(f"tenant {self.name!r}: borrowing_limit {self.borrowing_limit}; 0 or more, or None")
 

@@ -74,9 +74,9 @@ class Usage:
     def change(self, tenant: str, now: float, held: int) -> None:
         self._at[tenant] = (self.value(tenant, now), now, held)
 
-    def share(self, tenant: str, nominal: int, now: float) -> float:
+    def share(self, tenant: str, nominal_gpus: int, now: float) -> float:
         """Usage in units of the tenant's quota: 1.0 is a tenant that has held exactly its quota forever."""
-        return self.value(tenant, now) / (self._tau * max(nominal, 1))
+        return self.value(tenant, now) / (self._tau * max(nominal_gpus, 1))
 
 
 class State:

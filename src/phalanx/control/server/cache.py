@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control import scheduler as core
 from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant
-from phalanx.obs.events import read_jsonl_from
+from phalanx.obs.events import Event, read_jsonl_from
+from phalanx.obs.rundir import RunDir
 
 # What the cache reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
 _QUEUED = (
@@ -69,7 +71,7 @@ class Cache:
 
     def _tenants(self, s: Session) -> list[core.Tenant]:
         rows = s.scalars(select(Tenant).order_by(Tenant.name))
-        return [core.Tenant(t.name, t.quota_gpus, t.cohort, t.borrowing_limit) for t in rows]
+        return [core.Tenant(t.name, t.nominal_gpus, t.cohort, t.borrowing_limit) for t in rows]
 
     def _history(self, s: Session) -> core.DurationPredictor:
         """The predictor fed as the loop feeds it: each finished job's GPU-holding time over its executions,
@@ -160,8 +162,9 @@ class Cache:
     def checkpoints(self, run_dir: str) -> list[float]:
         """When the run's checkpoints committed that the cache has not read yet (its events, read on from where
         the last call stopped)."""
-        records, self.read_to[run_dir] = read_jsonl_from(f"{run_dir}/events.jsonl", self.read_to.get(run_dir, 0))
-        return [float(e["ts"]) for e in records if e.get("kind") == "checkpoint_committed"]
+        events = RunDir(Path(run_dir)).events
+        records, self.read_to[run_dir] = read_jsonl_from(events, self.read_to.get(run_dir, 0))
+        return [float(e["ts"]) for e in records if e.get("kind") == Event.CHECKPOINT_COMMITTED]
 
     def ended(self, ends: Sequence[tuple[str, str, float, str]], now: float) -> None:
         """Runs that left their GPUs, as (job, how, held seconds, cause): ``finished`` (succeeded: its

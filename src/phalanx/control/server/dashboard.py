@@ -5,18 +5,15 @@ the live channel (a WebSocket that sends a view again whenever it changed)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from phalanx.control.server import views
 from phalanx.control.store import FINAL, Execution, Job, JobState, Scope, user_name
-from phalanx.obs.events import RESTARTS, read_jsonl
-from phalanx.obs.goodput import ledger
-from phalanx.obs.rundir import RunDir
+from phalanx.obs.digest import digest
+from phalanx.obs.events import BAD_STEPS, RESTARTS, Event
 
 JOBS_SHOWN = 500  # the newest; the API pages through all of them
 UTILISATION_POINTS = 120
-SUMMARIES_KEPT = 10_000
 MAX_POINTS = 2_000  # steps sent to the job page's charts
 SERIES = ("loss", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes")
 
@@ -28,7 +25,7 @@ def job_row(caller: Scope, job: Job) -> dict[str, Any]:
     last = views.last_line(runs[-1][1].metrics) if runs else None
     step_s = (last or {}).get("step_time_s")
     eta = (total - done) * step_s if job.state == JobState.RUNNING and done and total and step_s else None
-    summaries = [_summary(run) for _, run in runs]
+    digests = [digest(run) for _, run in runs]
     return {
         "id": job.id,
         "name": job.name,
@@ -46,33 +43,10 @@ def job_row(caller: Scope, job: Job) -> dict[str, Any]:
         "eta_s": eta,
         "tokens_per_s": (last or {}).get("tokens_per_s"),
         "mfu": (last or {}).get("mfu"),
-        "goodput": summaries[-1][0] if summaries else None,
-        "restarts": sum(restarts for _, restarts in summaries) + max(0, len(runs) - 1),
+        "goodput": digests[-1].ledger.goodput if digests and digests[-1] is not None else None,
+        "restarts": sum(d.restart_count for d in digests if d is not None) + max(0, len(runs) - 1),
         "preemptions": job.preemptions,
     }
-
-
-def _summary(run: RunDir) -> tuple[float | None, int]:
-    """(goodput, restarts) of a run directory, read again only when its files changed: the jobs table is
-    sent every second to every open page, and most of its jobs ended long ago."""
-    try:
-        key = tuple((s.st_size, s.st_mtime_ns) for s in (run.events.stat(), run.metrics.stat()))
-    except OSError:
-        key = None
-    cached = _summaries.get(run.root)
-    if key is not None and cached is not None and cached[0] == key:
-        return cached[1]
-    if not run.events.is_file():
-        return None, 0
-    found = (ledger(run).goodput, sum(e["kind"] in RESTARTS for e in read_jsonl(run.events)))
-    if key is not None:
-        if len(_summaries) >= SUMMARIES_KEPT:
-            _summaries.clear()
-        _summaries[run.root] = (key, found)
-    return found
-
-
-_summaries: dict[Path, tuple[tuple, tuple[float | None, int]]] = {}
 
 
 def jobs(caller: Scope) -> dict[str, Any]:
@@ -88,11 +62,11 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     marks = [  # where an attempt began, and where a step was bad
         {"kind": "attempt", "execution": e["execution"], "attempt": e["attempt"], "ts": e["ts"]}
         for e in events
-        if e["kind"] == "attempt_started"
+        if e["kind"] == Event.ATTEMPT_STARTED
     ] + [
         {"kind": "bad_step", "execution": e["execution"], "ts": e["ts"], "why": e["problem"]}
         for e in events
-        if e["kind"] in ("bad_step_skipped", "bad_step_rollback")
+        if e["kind"] in BAD_STEPS
     ]
     steps = [
         {"execution": m["execution"], "step": m["step"], "ts": m["ts"], **{k: m.get(k) for k in SERIES}}
@@ -104,7 +78,7 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     ] + [
         {"ts": e["ts"], "kind": e["kind"], "execution": e["execution"], "text": _describe(e)}
         for e in events
-        if e["kind"] != "checkpoint_committed"
+        if e["kind"] != Event.CHECKPOINT_COMMITTED
     ]
     restarts = [
         {"execution": e["execution"], "ts": e["ts"], "cause": e.get("category", "crash"), "reason": e["reason"]}
@@ -146,7 +120,7 @@ def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, A
         "tenants": [
             {
                 "name": load.tenant.name,
-                "quota_gpus": load.tenant.quota_gpus,
+                "nominal_gpus": load.tenant.nominal_gpus,
                 "borrowing_limit": load.tenant.borrowing_limit,
                 "cohort": load.tenant.cohort,
                 "gpus_in_use": load.gpus_in_use,

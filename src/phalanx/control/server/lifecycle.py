@@ -52,7 +52,7 @@ class Submission:
     workdir: str
 
 
-def gang(spec: JobSpec) -> tuple[int, int]:
+def gang_shape(spec: JobSpec) -> tuple[int, int]:
     """(workers, GPUs each) the scheduler places: an agent per node, spares included."""
     res = spec.resources
     return res.nodes + res.spare_nodes, res.procs_per_node
@@ -68,7 +68,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
     scope.require(Role.TENANT_ADMIN, Role.MEMBER, action="submitting a job")
     spec = parse_spec(sub.spec, source="the submitted spec")
     preflight(spec, sub.workdir)
-    workers, per_worker = gang(spec)
+    workers, per_worker = gang_shape(spec)
     if workers * per_worker > capacity:
         raise SpecError(
             "the submitted spec",

@@ -27,8 +27,7 @@ from phalanx.control.executors import Executor, Launch, Phase, Status
 from phalanx.control.server.cache import Cache, Stale
 from phalanx.control.server.lifecycle import move
 from phalanx.control.store import Execution, Job, JobState, Store
-from phalanx.obs.events import read_jsonl
-from phalanx.obs.goodput import ledger
+from phalanx.obs.digest import digest
 from phalanx.obs.rundir import RunDir
 
 log = logging.getLogger("phalanx.server")
@@ -47,7 +46,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
     ):
         self.store, self.executor = store, executor
-        self.policy = policy or core.Phalanx()
+        self.policy = policy or core.PredictiveBackfill()
         self.tick_s, self.clock = tick_s, clock
         self.cache = Cache(self.policy, half_life_s)
         self.wake = threading.Event()
@@ -163,9 +162,8 @@ class Controller:
         checkpoints = self.cache.checkpoints(run_dir) if run_dir is not None else []
         if status.phase is Phase.RUNNING:
             return Observed(status, checkpoints)
-        productive_s = None
-        if status.run_dir is not None and (status.run_dir / "events.jsonl").is_file():
-            productive_s = ledger(RunDir(status.run_dir)).seconds["productive"]
+        said = digest(RunDir(status.run_dir)) if status.run_dir is not None else None
+        productive_s = said.ledger.seconds["productive"] if said is not None else None
         return Observed(status, checkpoints, productive_s, _newest_checkpoint(job))
 
     def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> tuple:
@@ -359,5 +357,5 @@ def _newest_checkpoint(job: Job) -> int | None:
 def _signal_received(run_dir: str | None) -> bool:
     if run_dir is None:
         return False
-    events = Path(run_dir) / "events.jsonl"
-    return events.is_file() and any(e["kind"] == "signal_received" for e in read_jsonl(events))
+    said = digest(RunDir(Path(run_dir)))
+    return said is not None and said.signalled

@@ -17,8 +17,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from phalanx.control.server.views import last_line
 from phalanx.control.store import JobState, Scope
-from phalanx.obs.events import RESTARTS, read_jsonl
-from phalanx.obs.goodput import ledger
+from phalanx.obs.digest import digest
 from phalanx.obs.rundir import RunDir
 
 # Seconds from queued to admitted: a job that fits starts within a round; a big one can wait hours.
@@ -48,7 +47,7 @@ class ServerCollector(Collector):
         allocated = GaugeMetricFamily(
             "phalanx_tenant_allocated_gpus", "GPUs held by admitted and running jobs", labels=["tenant"]
         )
-        quota = GaugeMetricFamily("phalanx_tenant_quota_gpus", "GPUs guaranteed to the tenant", labels=["tenant"])
+        quota = GaugeMetricFamily("phalanx_tenant_nominal_gpus", "GPUs guaranteed to the tenant", labels=["tenant"])
         borrowing = GaugeMetricFamily(
             "phalanx_tenant_borrowing_limit_gpus", "GPUs the tenant may borrow from its cohort", labels=["tenant"]
         )
@@ -61,7 +60,7 @@ class ServerCollector(Collector):
                 jobs.add_metric([t.name, state.value], load.jobs.get(state, 0))
             queue.add_metric([t.name], load.jobs_pending)
             allocated.add_metric([t.name], load.gpus_in_use)
-            quota.add_metric([t.name], t.quota_gpus)
+            quota.add_metric([t.name], t.nominal_gpus)
             if t.borrowing_limit is not None:
                 borrowing.add_metric([t.name], t.borrowing_limit)
             preemptions.add_metric([t.name], load.preemptions)
@@ -113,19 +112,12 @@ class ServerCollector(Collector):
             ):
                 if isinstance(value, int | float):
                     family.add_metric(labels, value)
-            if not run.events.is_file():
+            if (said := digest(run)) is None:
                 continue
-            events = list(read_jsonl(run.events))
-            causes: dict[str, int] = defaultdict(int)
-            for e in events:
-                if e["kind"] in RESTARTS:
-                    causes[e.get("category", "crash")] += 1
-            for cause, n in sorted(causes.items()):
+            for cause, n in said.restarts.items():
                 restarts.add_metric([*labels, cause], n)
-            blocked.add_metric(
-                labels, sum(e.get("blocked_s", 0.0) for e in events if e["kind"] == "checkpoint_committed")
-            )
-            goodput.add_metric(labels, ledger(run).goodput)
+            blocked.add_metric(labels, said.checkpoint_blocked_s)
+            goodput.add_metric(labels, said.ledger.goodput)
         yield from (step, tokens, mfu, steps, goodput, restarts, blocked)
 
 

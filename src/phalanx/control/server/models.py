@@ -29,7 +29,7 @@ class Out(BaseModel):
 
 class TenantIn(In):
     name: Name
-    quota_gpus: Gpus = Field(description="GPUs guaranteed to the tenant (its nominal quota)")
+    nominal_gpus: Gpus = Field(description="GPUs guaranteed to the tenant (its nominal quota)")
     cohort: Name | None = Field(default=None, description="tenants of one cohort may borrow each other's idle GPUs")
     borrowing_limit: Gpus | None = Field(default=None, description="at most this many GPUs above its quota")
 
@@ -37,14 +37,14 @@ class TenantIn(In):
 class TenantPatch(In):
     """The fields given change; null removes a cohort or a borrowing limit. A quota cannot be null."""
 
-    quota_gpus: Gpus = Field(default=None, description="leave it out to keep the quota")  # type: ignore[assignment]
+    nominal_gpus: Gpus = Field(default=None, description="leave it out to keep the quota")  # type: ignore[assignment]
     cohort: Name | None = None
     borrowing_limit: Gpus | None = None
 
 
 class TenantOut(Out):
     name: str
-    quota_gpus: int
+    nominal_gpus: int
     cohort: str | None
     borrowing_limit: int | None
     created_at: float
@@ -142,7 +142,7 @@ class LogChunk(BaseModel):
 
 class Quota(BaseModel):
     tenant: str
-    quota_gpus: int
+    nominal_gpus: int
     cohort: str | None
     borrowing_limit: int | None
     gpus_in_use: int

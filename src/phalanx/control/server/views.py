@@ -11,8 +11,9 @@ from typing import Any
 from phalanx.checkpoint import CheckpointDir
 from phalanx.control.server.models import LogChunk, Usage, UsageReport
 from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope
+from phalanx.obs.digest import digest
 from phalanx.obs.events import read_jsonl
-from phalanx.obs.goodput import CATEGORIES, ledger
+from phalanx.obs.goodput import CATEGORIES
 from phalanx.obs.rundir import RunDir
 
 LOG_CHUNK = 1 << 20
@@ -73,9 +74,9 @@ def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
     per = []
     total = dict.fromkeys(CATEGORIES, 0.0)
     for n, run in runs:
-        if not run.events.is_file():
+        if (said := digest(run)) is None:
             continue
-        book = ledger(run)
+        book = said.ledger
         per.append({"execution": n, **book.to_json()})
         for name, seconds in book.seconds.items():
             total[name] += seconds
@@ -121,9 +122,8 @@ def usage(scope: Scope, since: float, now: float) -> UsageReport:
 def _productive_s(e: Execution) -> float:
     if e.productive_s is not None:
         return e.productive_s
-    if e.run_dir and (Path(e.run_dir) / "events.jsonl").is_file():  # still running: its ledger so far
-        return ledger(RunDir(Path(e.run_dir))).seconds["productive"]
-    return 0.0
+    said = digest(RunDir(Path(e.run_dir))) if e.run_dir else None  # still running: its ledger so far
+    return said.ledger.seconds["productive"] if said is not None else 0.0
 
 
 def last_line(path: Path) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from phalanx.control.scheduler import POLICIES, Cluster, Tenant, place
-from phalanx.control.sim.simulator import Costs, Outcome, alone_cluster, gang, simulate
+from phalanx.control.sim.simulator import PreemptionCosts, Replayed, alone_cluster, simulate, split_gpus
 from phalanx.control.sim.trace import TraceJob, philly, quotas
 
 
@@ -23,7 +23,7 @@ class Scenario:
     nodes_per_rack: int = 8
     gpus_per_node: int = 8
     borrowing: bool = True
-    costs: Costs = field(default_factory=Costs)
+    costs: PreemptionCosts = field(default_factory=PreemptionCosts)
     seed: int = 0
     limit: int | None = None  # the first N jobs only (a quick look)
 
@@ -42,18 +42,20 @@ class Scenario:
 class Replay:
     """One policy's replay, and each tenant's alone on its quota (job -> JCT; absent: cannot run alone)."""
 
-    shared: Outcome
+    shared: Replayed
     alone_jct: dict[str, float]
 
 
-def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Outcome:
+def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Replayed:
     """One replay: the whole cluster, or only tenant ``alone``'s jobs on a cluster of its quota."""
     if alone is None:
         cluster = Cluster.uniform(scenario.racks, scenario.nodes_per_rack, scenario.gpus_per_node)
     else:
         quota = next(t for t in tenants if t.name == alone)
-        cluster = alone_cluster(quota.nominal, scenario.gpus_per_node, scenario.nodes_per_rack)
-        jobs = [j for j in jobs if j.tenant == alone and place(cluster, *gang(j.gpus, cluster.largest)) is not None]
+        cluster = alone_cluster(quota.nominal_gpus, scenario.gpus_per_node, scenario.nodes_per_rack)
+        jobs = [
+            j for j in jobs if j.tenant == alone and place(cluster, *split_gpus(j.gpus, cluster.largest)) is not None
+        ]
         tenants = [replace(quota, cohort=None)]
     return simulate(POLICIES[policy](), jobs, cluster, tenants, scenario.costs, scenario.seed)
 
@@ -65,7 +67,7 @@ def replay(scenario: Scenario, policies: Sequence[str], workers: int = 2) -> dic
         raise ValueError(f"unknown polic(ies) {unknown}; known: {sorted(POLICIES)}")
     jobs, tenants = scenario.jobs()
     present = sorted({job.tenant for job in jobs})
-    nominal = {t.name: t.nominal for t in tenants}
+    nominal = {t.name: t.nominal_gpus for t in tenants}
     tasks = [(p, None) for p in policies] + [(p, t) for p in policies for t in present if nominal[t] > 0]
     with ProcessPoolExecutor(workers) as pool:
         futures = {task: pool.submit(_one, task[0], scenario, jobs, tenants, task[1]) for task in tasks}

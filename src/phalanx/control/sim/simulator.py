@@ -4,7 +4,7 @@ modelling what the decisions cost:
 
 - a job's work is its trace duration on its GPUs; it checkpoints every ``checkpoint_every_s`` of progress;
 - a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
-  commits (``Costs.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
+  commits (``PreemptionCosts.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
   costs ``restart_s`` before work resumes.
 The decisions reach the State through ``apply``, as the server's do: the replay is the actuator.
 GPU-time lost to preemption is every GPU-second held that saved no work: so the GPU-time used is exactly the
@@ -29,7 +29,7 @@ from phalanx.control.sim.trace import TraceJob
 
 
 @dataclass(frozen=True)
-class Costs:
+class PreemptionCosts:
     """What checkpoints and restarts cost a job. A save commits in ``commit_s`` plus ``commit_s_per_gpu`` for
     each of the job's GPUs: every GPU holds a shard of the state, and the job's shards share the storage's
     bandwidth, so a checkpoint's size, and its commit, grow with the job (8 GPUs: 30 s by default)."""
@@ -62,7 +62,9 @@ class JobRecord:
 
 
 @dataclass
-class Outcome:
+class Replayed:
+    """What one replay of a trace under one policy did: each job's record, the cluster's use, every decision."""
+
     policy: str
     gpus: int
     records: dict[str, JobRecord]
@@ -81,8 +83,8 @@ class Outcome:
 _ARRIVE, _FINISH, _EVICT, _CHECKPOINT = 0, 1, 2, 3
 
 
-def gang(gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """A job of ``gpus`` GPUs as workers x GPUs each: one worker if it fits on a node, else the fewest
+def split_gpus(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """A trace's job of ``gpus`` GPUs as a gang of workers x GPUs each: one worker if it fits on a node, else the fewest
     equal workers that each fit on one."""
     per_worker = max(d for d in range(1, min(gpus, gpus_per_node) + 1) if gpus % d == 0)
     return gpus // per_worker, per_worker
@@ -98,7 +100,7 @@ class Arrival:
     phase_s: float
 
 
-def arrivals(jobs: Sequence[TraceJob], costs: Costs, seed: int, jitter_s: float) -> list[Arrival]:
+def arrivals(jobs: Sequence[TraceJob], costs: PreemptionCosts, seed: int, jitter_s: float) -> list[Arrival]:
     rng = random.Random(seed)
     out = []
     for job in jobs:
@@ -118,7 +120,7 @@ class ModelledRun:
     left_s: float  # work to do then
 
     @classmethod
-    def begin(cls, now: float, left_s: float, ran_before: bool, costs: Costs) -> ModelledRun:
+    def begin(cls, now: float, left_s: float, ran_before: bool, costs: PreemptionCosts) -> ModelledRun:
         return cls(now, now + (costs.restart_s if ran_before else 0.0), left_s)
 
     @property
@@ -128,7 +130,7 @@ class ModelledRun:
     def left_at(self, t: float) -> float:
         return self.left_s - min(self.left_s, max(0.0, t - self.starts))
 
-    def first_checkpoint(self, phase_s: float, costs: Costs) -> float:
+    def first_checkpoint(self, phase_s: float, costs: PreemptionCosts) -> float:
         return self.starts + phase_s % costs.checkpoint_every_s
 
 
@@ -137,11 +139,11 @@ class _Replay:
     each decision costs."""
 
     def __init__(self, policy: Policy, arrived: Sequence[Arrival], cluster: Cluster, tenants: Sequence[Tenant],
-                 costs: Costs):  # fmt: skip
+                 costs: PreemptionCosts):  # fmt: skip
         self.policy, self.costs, self.cluster = policy, costs, cluster
         self.state = State(cluster, tenants, Queue(policy.key))
         self.predictor = DurationPredictor()
-        self.outcome = Outcome(policy.name, cluster.total_gpus, {})
+        self.outcome = Replayed(policy.name, cluster.total_gpus, {})
         self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind, seq, job, epoch)
         self.seq = 0
         self.arrivals = {a.job.id: a for a in arrived}
@@ -204,7 +206,7 @@ class _Replay:
         record.lost_gpu_s += record.gpus * (self.costs.restart_s if record.preemptions else 0.0)
         self.predictor.record(record.tenant, record.gpus, self.held_s[job_id])
 
-    def run(self) -> Outcome:
+    def run(self) -> Replayed:
         began, state, outcome = time.perf_counter(), self.state, self.outcome
         remaining, last_t = len(self.work), 0.0
         while remaining:
@@ -219,7 +221,7 @@ class _Replay:
                 _, kind, _, job_id, epoch = heapq.heappop(self.events)
                 if kind == _ARRIVE:
                     tj = self.arrivals[job_id].job
-                    workers, per_worker = gang(tj.gpus, self.cluster.largest)
+                    workers, per_worker = split_gpus(tj.gpus, self.cluster.largest)
                     predicted = self.predictor.predict(tj.tenant, tj.gpus)
                     submitted = outcome.records[job_id].submit
                     job = Job(
@@ -250,10 +252,10 @@ def simulate(
     jobs: Sequence[TraceJob],
     cluster: Cluster,
     tenants: Sequence[Tenant],
-    costs: Costs = Costs(),
+    costs: PreemptionCosts = PreemptionCosts(),
     seed: int = 0,
     jitter_s: float = 60.0,
-) -> Outcome:
+) -> Replayed:
     """Replay ``jobs`` until the last one finishes. ``seed`` draws each job's checkpoint phase and a jitter
     of up to ``jitter_s`` on its submit time."""
     return _Replay(policy, arrivals(jobs, costs, seed, jitter_s), cluster, tenants, costs).run()

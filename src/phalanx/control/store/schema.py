@@ -32,11 +32,11 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
-    """A team: its guaranteed GPUs (``quota_gpus``), and the cohort whose idle GPUs it may borrow."""
+    """A team: its guaranteed GPUs (``nominal_gpus``), and the cohort whose idle GPUs it may borrow."""
 
     __tablename__ = "tenants"
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    quota_gpus: Mapped[int] = mapped_column(Integer)
+    nominal_gpus: Mapped[int] = mapped_column(Integer)
     cohort: Mapped[str | None] = mapped_column(String(63))
     borrowing_limit: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)

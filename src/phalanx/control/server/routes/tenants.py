@@ -60,7 +60,7 @@ async def quota(server: ServerDep, token: Token) -> list[Quota]:
         return [
             Quota(
                 tenant=load.tenant.name,
-                quota_gpus=load.tenant.quota_gpus,
+                nominal_gpus=load.tenant.nominal_gpus,
                 cohort=load.tenant.cohort,
                 borrowing_limit=load.tenant.borrowing_limit,
                 gpus_in_use=load.gpus_in_use,

@@ -290,11 +290,11 @@ function fleetPage() {
     const inUse = d.tenants.reduce((sum, t) => sum + t.gpus_in_use, 0);
     $("#capacity").textContent = `${inUse} of ${d.capacity} GPUs in use; ${d.queue.length} job(s) waiting`;
     $("#tenants tbody").innerHTML = d.tenants.map((t) => {
-      const scale = Math.max(t.quota_gpus + (t.borrowing_limit || 0), t.gpus_in_use, 1);
-      return `<tr data-tenant="${esc(t.name)}"><td>${esc(t.name)}</td><td>${t.gpus_in_use} / ${t.quota_gpus}</td>
+      const scale = Math.max(t.nominal_gpus + (t.borrowing_limit || 0), t.gpus_in_use, 1);
+      return `<tr data-tenant="${esc(t.name)}"><td>${esc(t.name)}</td><td>${t.gpus_in_use} / ${t.nominal_gpus}</td>
         <td><div class="bar" style="width:16em"><span style="width:${(100 * t.gpus_in_use) / scale}%"></span>
-          <span class="quota" style="width:${(100 * t.quota_gpus) / scale}%"></span>
-          ${t.borrowing_limit != null ? `<span class="borrow" style="width:${(100 * (t.quota_gpus + t.borrowing_limit)) / scale}%"></span>` : ""}</div></td>
+          <span class="quota" style="width:${(100 * t.nominal_gpus) / scale}%"></span>
+          ${t.borrowing_limit != null ? `<span class="borrow" style="width:${(100 * (t.nominal_gpus + t.borrowing_limit)) / scale}%"></span>` : ""}</div></td>
         <td>${t.cohort == null ? "none (no cohort)" : t.borrowing_limit ?? `any idle in ${esc(t.cohort)}`}</td><td>${t.preemptions}</td></tr>`;
     }).join("");
     $("#queue tbody").innerHTML = d.queue.map((q) => `<tr data-job="${esc(q.id)}"><td><a href="#/jobs/${esc(q.id)}">${esc(q.id)}</a></td>

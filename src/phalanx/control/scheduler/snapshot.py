@@ -11,13 +11,13 @@ from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.state import State
 
 
-class Work:
+class Snapshot:
     def __init__(self, state: State, now: float):
         self.state, self.now = state, now
         self.cluster = state.cluster.copy()
         self.free = self.cluster.free_gpus
         self.held = dict(state.held)
-        self.cohort_nominal = {c: sum(state.tenants[t].nominal for t in ts) for c, ts in state.cohorts.items()}
+        self.cohort_nominal = {c: sum(state.tenants[t].nominal_gpus for t in ts) for c, ts in state.cohorts.items()}
         self.cohort_held = {c: sum(self.held[t] for t in ts) for c, ts in state.cohorts.items()}
         self.leaving = set(state.leaving)
         self.round = Round()
@@ -31,7 +31,7 @@ class Work:
     def share(self, tenant: str) -> float:
         """The tenant's fair-share usage now, in units of its quota (see Usage)."""
         if tenant not in self._shares:
-            self._shares[tenant] = self.state.usage.share(tenant, self.state.tenants[tenant].nominal, self.now)
+            self._shares[tenant] = self.state.usage.share(tenant, self.state.tenants[tenant].nominal_gpus, self.now)
         return self._shares[tenant]
 
     # quota ---------------------------------------------------------------------------------------------------
@@ -40,7 +40,7 @@ class Work:
         within its limit, or a reason it may not start now."""
         tenant = self.state.tenants[job.tenant]
         held, need = self.held[tenant.name], job.gpus
-        if held + need <= tenant.nominal:
+        if held + need <= tenant.nominal_gpus:
             if tenant.cohort is None or self.cohort_held[tenant.cohort] + need <= self.cohort_nominal[tenant.cohort]:
                 return False, None
             in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
@@ -48,10 +48,10 @@ class Work:
                 f"within tenant {tenant.name}'s quota, but cohort {tenant.cohort} has lent its GPUs out "
                 f"({in_use} of {nominal} in use): to be reclaimed"
             )
-        have = f"tenant {tenant.name} holds {held} of its {tenant.nominal}-GPU quota and this job needs {need}"
+        have = f"tenant {tenant.name} holds {held} of its {tenant.nominal_gpus}-GPU quota and this job needs {need}"
         if tenant.cohort is None:
             return True, f"{have}; it is in no cohort to borrow from"
-        over = held + need - tenant.nominal
+        over = held + need - tenant.nominal_gpus
         if tenant.borrowing_limit is not None and over > tenant.borrowing_limit:
             return True, f"{have}; that would borrow {over} GPUs, over its borrowing limit of {tenant.borrowing_limit}"
         in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
@@ -61,7 +61,7 @@ class Work:
 
     def borrowers(self) -> set[str]:
         if self._borrowers is None:
-            self._borrowers = {t for t, held in self.held.items() if held > self.state.tenants[t].nominal}
+            self._borrowers = {t for t, held in self.held.items() if held > self.state.tenants[t].nominal_gpus}
         return self._borrowers
 
     def may_borrow(self, tenant: str) -> bool:
@@ -69,7 +69,7 @@ class Work:
         t = self.state.tenants[tenant]
         if t.cohort is None or self.cohort_held[t.cohort] >= self.cohort_nominal[t.cohort]:
             return False
-        return t.borrowing_limit is None or self.held[tenant] - t.nominal < t.borrowing_limit
+        return t.borrowing_limit is None or self.held[tenant] - t.nominal_gpus < t.borrowing_limit
 
     # placement -----------------------------------------------------------------------------------------------
     def place(self, job: Job, view: Cluster | None = None) -> Placement | None:
@@ -120,9 +120,9 @@ class Work:
         """GPUs that victims must give back for ``job`` to be within quota: (of its own tenant, of its cohort)."""
         tenant = self.state.tenants[job.tenant]
         if tenant.cohort is None:
-            return max(0, self.held[tenant.name] + job.gpus - tenant.nominal), 0
+            return max(0, self.held[tenant.name] + job.gpus - tenant.nominal_gpus), 0
         limit = tenant.borrowing_limit if tenant.borrowing_limit is not None else 1 << 30
-        own = max(0, self.held[tenant.name] + job.gpus - tenant.nominal - limit)
+        own = max(0, self.held[tenant.name] + job.gpus - tenant.nominal_gpus - limit)
         return own, max(0, self.cohort_held[tenant.cohort] + job.gpus - self.cohort_nominal[tenant.cohort])
 
     def victims(self, job: Job, candidates: Iterable[Run]) -> list[Run] | None:
@@ -196,7 +196,7 @@ class Work:
         preempted that many times, never one that has preempted ``job``."""
         state = self.state
         tenant = state.tenants[job.tenant]
-        within = self.held[tenant.name] + job.gpus <= tenant.nominal
+        within = self.held[tenant.name] + job.gpus <= tenant.nominal_gpus
         taken: dict[str, int] = {}
         chosen, offered, enough, seen = [], 0, 8 * job.gpus + sum(self.shortfall(job)), 0
         victims_of = {job.tenant, *self.borrowers()}  # no other tenant's runs are ever victims
@@ -209,7 +209,7 @@ class Work:
             seen += 1
             if max_preemptions is not None and (victim.preemptions >= max_preemptions or run.id in job.preempted_by):
                 continue
-            over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal - taken.get(victim.tenant, 0)
+            over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal_gpus - taken.get(victim.tenant, 0)
             cohort = state.tenants[victim.tenant].cohort
             reclaim = within and victim.tenant != job.tenant and cohort is not None and cohort == tenant.cohort
             lower = victim.priority < job.priority or (outranks is not None and outranks(job, run))

@@ -1,6 +1,6 @@
 """Node 0's view of the job's nodes, and one attempt run on them.
 
-``Fleet``: the agents that joined the rendezvous, their liveness, and the keys of the exchange (what node 0
+``Agents``: the agents that joined the rendezvous, their liveness, and the keys of the exchange (what node 0
 says to every agent, what each agent answers). ``AttemptRun``: one attempt across the nodes, node 0's own
 workers started here and every other member's by its agent, seen as one: the first failed rank, a lost
 node, success; stack dumps and stops go to every node. A job on one machine is the same with no other
@@ -16,15 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phalanx.launch.node import Plan
+from phalanx.launch.node import LaunchError, Plan
 from phalanx.launch.rendezvous import Liveness, Rendezvous, attempt_key
 from phalanx.launch.workers import Worker, WorkerGroup
 
 POLL_S = 0.1
-
-
-class LaunchError(RuntimeError):
-    """The job cannot start as specified (not a failure of the job itself)."""
 
 
 @dataclass(frozen=True)
@@ -61,33 +57,33 @@ def this_agent(addr: str) -> Agent:
     return Agent(0, addr, socket.gethostname(), os.getpid())
 
 
-class Fleet:
+class Agents:
     def __init__(self, me: Agent, rdzv: Rendezvous | None, timeout_s: float):
         """``rdzv``: the job's rendezvous (None: a job of one node, this one, and no agents to talk to)."""
         self.me = me
         self.rdzv = rdzv
-        self.agents: dict[int, Agent] = {me.node: me}
+        self.joined: dict[int, Agent] = {me.node: me}
         self.liveness = Liveness(timeout_s)
         self.timeout_s = timeout_s
         self.gone: set[int] = set()  # agents found lost, or that cannot serve: never asked or waited for again
         self.found_lost: list[NodeLost] = []  # every agent found lost, members and spares, in order
 
     def name(self, node: int) -> str:
-        return self.agents[node].name if node in self.agents else f"node {node}"
+        return self.joined[node].name if node in self.joined else f"node {node}"
 
     def where(self, node: int) -> dict[str, str | None]:
         """The node's address and host, for an event."""
-        agent = self.agents.get(node)
+        agent = self.joined.get(node)
         return {"addr": agent.addr if agent else None, "host": agent.host if agent else None}
 
     def others(self) -> list[int]:
-        return [n for n in self.agents if n != self.me.node and n not in self.gone]
+        return [n for n in self.joined if n != self.me.node and n not in self.gone]
 
     def wait_for(self, nodes: list[int], timeout_s: float, stopped: Callable[[], bool]) -> None:
         """Wait until the agents of ``nodes`` have joined; raise LaunchError naming any that cannot run or
         did not come within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while missing := [n for n in nodes if n not in self.agents]:
+        while missing := [n for n in nodes if n not in self.joined]:
             if stopped():
                 raise LaunchError("stopped while waiting for the nodes to join")
             if time.monotonic() > deadline:
@@ -105,12 +101,12 @@ class Fleet:
             return []
         joined = []
         for node in nodes:
-            if node in self.agents or node in self.gone or (record := self.rdzv.get(f"agent/{node}")) is None:
+            if node in self.joined or node in self.gone or (record := self.rdzv.get(f"agent/{node}")) is None:
                 continue
             if record.get("error"):
                 self.gone.add(node)  # said once: it is not asked again
                 raise LaunchError(f"node {node} ({record['addr']}) cannot run the job: {record['error']}")
-            self.agents[node] = Agent(node, record["addr"], record["host"], record["pid"])
+            self.joined[node] = Agent(node, record["addr"], record["host"], record["pid"])
             self.liveness.observe(node, None)
             joined.append(node)
         return joined
@@ -152,11 +148,11 @@ class Fleet:
 class AttemptRun:
     """One attempt across the plan's nodes."""
 
-    def __init__(self, fleet: Fleet, plan: Plan, local: list[Worker], show: Callable[[str], None]):
+    def __init__(self, agents: Agents, plan: Plan, local: list[Worker], show: Callable[[str], None]):
         """``local``: this node's workers (none when node 0 is not a member of the plan)."""
-        self.fleet, self.plan = fleet, plan
+        self.agents, self.plan = agents, plan
         self.group = WorkerGroup(local, show)
-        self.remote = [n for n in plan.members if n != fleet.me.node]
+        self.remote = [n for n in plan.members if n != agents.me.node]
         self.pids: dict[int, int] = {}
         self.lost: list[NodeLost] = []  # members found lost while the attempt ran or stopped
 
@@ -168,13 +164,13 @@ class AttemptRun:
         with the first member lost before it did."""
         self.group.start(header)
         self.pids = {w.rank: w.proc.pid for w in self.group.workers if w.proc}
-        if self.fleet.rdzv is None:
+        if self.agents.rdzv is None:
             return None
-        self.fleet.rdzv.put(self.key("plan"), self.plan.to_json())
+        self.agents.rdzv.put(self.key("plan"), self.plan.to_json())
         waiting = list(self.remote)
         while waiting:
             for node in list(waiting):
-                if (started := self.fleet.rdzv.get(self.key("started", node))) is not None:
+                if (started := self.agents.rdzv.get(self.key("started", node))) is not None:
                     self.pids.update({int(r): int(p) for r, p in started["pids"].items()})
                     waiting.remove(node)
             if lost := self._lost_members():
@@ -183,7 +179,7 @@ class AttemptRun:
         return None
 
     def _lost_members(self) -> list[NodeLost]:
-        found = [f for f in self.fleet.lost() if f.node in self.plan.members]
+        found = [f for f in self.agents.lost() if f.node in self.plan.members]
         self.lost += found
         return found
 
@@ -194,10 +190,10 @@ class AttemptRun:
         failed = [w for w in self.group.exited() if w.returncode]
         if failed:
             w = failed[0]
-            return True, RankFailed(w.rank, self.fleet.me.node, w.returncode or 0, w.proc.pid if w.proc else None)
+            return True, RankFailed(w.rank, self.agents.me.node, w.returncode or 0, w.proc.pid if w.proc else None)
         done = not self.group.running()
         for node in self.remote:
-            ended = self.fleet.rdzv.get(self.key("exit", node))  # type: ignore[union-attr]
+            ended = self.agents.rdzv.get(self.key("exit", node))  # type: ignore[union-attr]
             if ended is None:
                 done = False
             elif ended["rank"] is not None:
@@ -207,14 +203,14 @@ class AttemptRun:
     def dump_stacks(self) -> None:
         """SIGUSR1 to every worker process on every node: each writes its Python stacks to the run directory."""
         self.group.send_each(signal.SIGUSR1)
-        if self.fleet.rdzv is not None:
-            self.fleet.rdzv.put(self.key("dump"), True)
+        if self.agents.rdzv is not None:
+            self.agents.rdzv.put(self.key("dump"), True)
 
     def stop(self, sig: int, grace_s: float, abort: Callable[[], bool] = lambda: False) -> dict[int, int | None]:
         """Stop the workers on every node (``sig``, then SIGKILL after ``grace_s``, at ``abort()`` or when a member
         is found lost); wait until each member has stopped or is found lost. Returns the exit code of every rank
         not on a lost node."""
-        rdzv = self.fleet.rdzv
+        rdzv = self.agents.rdzv
         if rdzv is not None and self.remote:
             rdzv.put(self.key("stop"), {"signal": int(sig), "grace_s": grace_s})
 

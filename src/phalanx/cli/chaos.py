@@ -1,4 +1,4 @@
-"""Fault injection into a running job (``phalanx chaos``), to see recovery work before production needs it.
+"""``phalanx chaos``: fault injection into a running job, to see recovery work before production needs it.
 
     kill     SIGKILL a rank (a crash, the OOM killer, a lost node)
     hang     SIGSTOP a rank and leave it stopped (a hung collective); the hang detector must find it
@@ -8,7 +8,8 @@
              (both strike rank 0's loss; with a pipeline, whose rank 0 may compute none, the step's as reported)
     corrupt  flip a byte in the newest committed checkpoint (latest_valid() must skip it)
 
-Faults reach the job's current attempt, found in its run directory's events.
+Faults reach the job's current attempt, found in its run directory's events. It is a tool of the command
+line, from outside the job: it reads the run directory and reaches the attempt's store, as any user could.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch.distributed import TCPStore
+import typer
 
-from phalanx.checkpoint import CheckpointDir
+from phalanx.cli.common import err
 from phalanx.obs import RunDir, read_jsonl
-from phalanx.obs.protocol import CHAOS_LOSS_KEY
+from phalanx.obs.events import Event
 from phalanx.spec import load_spec
 
 RANK_FAULTS = ("kill", "hang", "slow")  # the faults that strike one rank
@@ -48,12 +49,12 @@ class Attempt:
 def running_run(path: Path, timeout_s: float) -> RunDir:
     """``path`` if it is a run directory; if it is a job's directory of runs (runs/<name>), its newest run
     still going, waiting up to ``timeout_s`` for one to start (so chaos can be armed before the job)."""
-    if (path / "events.jsonl").is_file() or (path / "spec.yaml").is_file():
+    if RunDir(path).events.is_file() or RunDir(path).spec.is_file():
         return RunDir(path)
     deadline = time.monotonic() + timeout_s
     while True:
-        going = [RunDir(d) for d in sorted(path.iterdir()) if (d / "events.jsonl").is_file()] if path.is_dir() else []
-        going = [r for r in going if not any(e["kind"] == "run_finished" for e in read_jsonl(r.events))]
+        going = [RunDir(d) for d in sorted(path.iterdir())] if path.is_dir() else []
+        going = [r for r in going if r.events.is_file() and not _finished(list(read_jsonl(r.events)))]
         if going:
             return going[-1]
         if time.monotonic() > deadline:
@@ -65,16 +66,20 @@ def current_attempt(run: RunDir) -> Attempt:
     if not run.events.is_file():
         raise ChaosError(f"{run.root} is not a run directory (no {run.events.name})")
     events = list(read_jsonl(run.events))
-    if any(e["kind"] == "run_finished" for e in events):
+    if _finished(events):
         raise ChaosError(f"the run in {run.root} has finished")
-    started = [e for e in events if e["kind"] == "attempt_started"]
+    started = [e for e in events if e["kind"] == Event.ATTEMPT_STARTED]
     if not started:
         raise ChaosError(f"the run in {run.root} has not started its workers yet")
     last = started[-1]
     # In-process recoveries of the attempt put warm spares in dead ranks' places: the newest pids are theirs.
-    recovered = [e for e in events if e["kind"] == "recovery_started" and e["attempt"] == last["attempt"]]
+    recovered = [e for e in events if e["kind"] == Event.RECOVERY_STARTED and e["attempt"] == last["attempt"]]
     pids = {int(r): int(p) for r, p in (recovered[-1] if recovered else last)["pids"].items()}
     return Attempt(last["attempt"], pids, last["rendezvous_addr"], int(last["rendezvous_port"]))
+
+
+def _finished(events: list[dict]) -> bool:
+    return any(e["kind"] == Event.RUN_FINISHED for e in events)
 
 
 def wait_for_step(run: RunDir, step: int, timeout_s: float) -> None:
@@ -99,6 +104,10 @@ def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0, slow_speed:
         return _corrupt_newest_checkpoint(run)
     attempt = current_attempt(run)
     if fault in ("nan", "spike"):
+        from torch.distributed import TCPStore
+
+        from phalanx.obs.protocol import CHAOS_LOSS_KEY
+
         store = TCPStore(attempt.addr, attempt.port, is_master=False, timeout=datetime.timedelta(seconds=10))
         store.set(CHAOS_LOSS_KEY, fault)
         what = "a NaN loss" if fault == "nan" else "a loss spike"
@@ -132,6 +141,8 @@ def inject(run: RunDir, fault: str, rank: int, slow_s: float = 10.0, slow_speed:
 
 
 def _corrupt_newest_checkpoint(run: RunDir) -> str:
+    from phalanx.checkpoint import CheckpointDir
+
     spec = load_spec(run.spec)
     checkpoints = CheckpointDir(spec.checkpoint.dir or run.checkpoints)
     committed = [s for s in checkpoints.steps() if checkpoints.committed(s)]
@@ -145,3 +156,47 @@ def _corrupt_newest_checkpoint(run: RunDir) -> str:
     data[len(data) // 2] ^= 0xFF
     checkpoints.fs.pipe_file(path, bytes(data))
     return f"flipped a byte in the middle of {checkpoints.location(step)}/{name}"
+
+
+def chaos(
+    run: Path = typer.Argument(
+        ..., help="a running job's run directory (runs/<name>/<run id>), or runs/<name>: its newest running run"
+    ),
+    fault: str = typer.Argument(..., help="kill | hang | slow | nan | spike | corrupt"),
+    rank: int | None = typer.Option(None, help="the rank to strike (default: one at random)"),
+    at_step: str | None = typer.Option(
+        None, "--at-step", help="wait until the job has done this many steps; A-B: a step drawn from A to B"
+    ),
+    seed: int | None = typer.Option(None, help="seed of the random rank, to repeat a chaos run"),
+    slow_s: float = typer.Option(10.0, "--slow-s", help="how long `slow` keeps the rank slow"),
+    slow_speed: float = typer.Option(0.5, "--slow-speed", help="the share of its speed `slow` leaves the rank"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="how long to wait for the run and for --at-step"),
+) -> None:
+    """Inject a fault into a running job: kill or hang a rank, slow it down, poison a step with NaN or a loss
+    spike, or corrupt the newest checkpoint. Recovery is the job's: watch it in the run's output and events."""
+    import random
+
+    if fault not in FAULTS:
+        err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
+        raise typer.Exit(2)
+    draw = random.Random(seed)
+    try:
+        check_slow_speed(slow_speed)
+        target = running_run(run, timeout_s)
+        if at_step is not None:
+            low, _, high = at_step.partition("-")
+            if not (low.isdigit() and (high.isdigit() or not high)):
+                err.print(f"[bold red]--at-step {at_step}[/]: give a step (20) or a range (10-30)", highlight=False)
+                raise typer.Exit(2)
+            wait_for_step(target, draw.randint(int(low), int(high or low)), timeout_s)
+        if rank is None and fault in RANK_FAULTS:
+            rank = draw.randrange(len(current_attempt(target).pids))
+        done = inject(target, fault, rank if rank is not None else 0, slow_s, slow_speed)
+    except ChaosError as e:
+        err.print(f"[bold red]cannot inject[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(done, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(chaos)

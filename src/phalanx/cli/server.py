@@ -1,0 +1,67 @@
+"""``phalanx server``: the control plane, its API, scheduler and executor, in one process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from phalanx.cli.common import err
+
+
+def server(
+    data_dir: Path = typer.Option(
+        Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "phalanx",
+        "--data-dir",
+        help="the database (SQLite) and the jobs' files",
+    ),
+    database: str | None = typer.Option(
+        None, "--db", help="a database URL (postgresql+psycopg://USER@HOST/DB); default: SQLite in --data-dir"
+    ),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8470, min=1, max=65535),
+    slots: int | None = typer.Option(
+        None, min=1, help="CPU slots the local executor offers (default: this machine's GPUs, else its cores)"
+    ),
+    admin_token_file: Path | None = typer.Option(
+        None, "--admin-token-file", help="on a new database, write the admin's token here instead of printing it"
+    ),
+    executor: str = typer.Option(
+        "local", help="where jobs run: local (this machine) or slurm (sbatch; docs/clusters.md)"
+    ),
+    slurm_partition: str | None = typer.Option(
+        None, help="the slurm executor's partition: its nodes are the capacity, and jobs go there"
+    ),
+    max_token_days: float = typer.Option(
+        365.0, "--max-token-days", min=0.001, help="the longest any token may live, whoever makes it"
+    ),
+) -> None:
+    """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
+    import logging
+
+    from phalanx.control.executors.slurm import SlurmError
+    from phalanx.control.server.main import Settings, serve
+    from phalanx.control.store import StoreError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings(
+        data_dir,
+        database,
+        host,
+        port,
+        slots,
+        admin_token_file,
+        executor=executor,
+        slurm_partition=slurm_partition,
+        max_token_s=max_token_days * 86400,
+    )
+    try:
+        serve(settings)
+    except (StoreError, ValueError, SlurmError) as e:
+        err.print(f"[bold red]cannot serve[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(server)

@@ -1,0 +1,146 @@
+"""Fault tolerance on the worker's side, behind the few hooks the trainer calls (as torchtitan keeps torchft
+behind its components/ft.py): in-process recovery from peers' memory, the warm-up of the spares' zygote, and
+the loss faults `phalanx chaos` injects. The supervisor's side is launch/recovery.py; the store keys and the
+exchanges between the two are obs/protocol.py; the snapshots and their trade are checkpoint/memory.py.
+
+A rank whose collective failed because a peer died (``recovers``) keeps its process: it waits for the
+supervisor's ``decision`` (a warm spare in the dead rank's place, a new generation of the process group),
+and the trainer rebuilds on the new group; then every rank, the spare too, ``restore``s the newest snapshot
+that every survivor holds whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from phalanx.checkpoint.memory import PeerMemory, restore, serialize
+from phalanx.obs import protocol
+from phalanx.obs.events import Event
+from phalanx.obs.metrics import resident_bytes
+from phalanx.obs.protocol import PeerLost, peer_lost
+from phalanx.spec import JobSpec
+from phalanx.spec.parallel import Parallel
+from phalanx.train.models.llama import PRESETS
+from phalanx.train.parallelize import build_mesh, build_model
+from phalanx.train.recipe import model_config
+from phalanx.train.sdk import WorkerContext
+from phalanx.train.state import RNG
+
+POISON = {"nan": float("nan"), "spike": 10.0}  # what `phalanx chaos` multiplies one rank's loss by
+
+
+def loss_fault(ctx: WorkerContext, pipelined: bool) -> tuple[float, float]:
+    """The loss fault `phalanx chaos nan|spike` asked for, as (the factor of this rank's loss, what to add to
+    the step's reported loss, as a share of it): 1 and 0 but under chaos. Without a pipeline it poisons rank
+    0's loss, and through its gradients the step's. With one, rank 0 may compute no loss (the last stage
+    does): it scales the step's loss as reported, which the loss guard judges."""
+    fault = POISON.get(ctx.requested_fault() or "", 1.0)
+    return (fault, 0.0) if not pipelined else (1.0, fault - 1.0)
+
+
+class InProcess:
+    """This rank's part of in-process recovery: its snapshots in memory and a neighbour's, and the exchange
+    with the supervisor and the other ranks when a peer dies."""
+
+    def __init__(self, ctx: WorkerContext):
+        assert ctx.spec is not None
+        self.ctx, self.timeout_s = ctx, ctx.spec.resilience.recovery_timeout_s
+        recovering = lambda: protocol.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
+        self.memory = PeerMemory(ctx.spec.resilience.memory_every_steps, recovering)
+
+    def snapshot(self, step: int, state: dict[str, Any], first: bool = False) -> float:
+        """Take a snapshot at ``step`` if one is due; ``first`` (as training begins): only if none is held yet, so
+        that a rank lost before the first due one is recovered too (a spare that took a rank holds the restored
+        one: a trade it alone entered would wait on ranks that are not taking one). The seconds it blocked
+        training."""
+        if self.memory.steps() if first else not self.memory.due(step):
+            return 0.0
+        began = time.perf_counter()
+        self.memory.take(step, state)
+        return time.perf_counter() - began
+
+    def recovers(self, error: BaseException) -> bool:
+        """Whether ``error`` is a peer lost in a collective, which in-process recovery may handle."""
+        if not peer_lost(error):
+            return False
+        if isinstance(error, PeerLost):  # said in this rank's log: the process keeps the trade (memory.py)
+            print(f"rank {self.ctx.rank}: {error}", flush=True)
+        return True
+
+    def decision(self, error: BaseException) -> dict[str, Any]:
+        """The supervisor's recovery of the next generation ({rank, spare, reached}); NoRecovery (the worker
+        exits and the job restarts from its checkpoint) when it does not recover in process."""
+        try:
+            return protocol.decision(self.ctx.store, self.ctx.generation + 1, self.timeout_s)
+        except protocol.NoRecovery as e:
+            raise protocol.NoRecovery(f"{e}, after: {error}") from error
+
+    def joining(self) -> dict[str, Any]:
+        """A warm spare that took a failed rank's place: the decision that gave it the rank."""
+        return protocol.decision(self.ctx.store, self.ctx.generation, self.timeout_s)
+
+    def restore(self, state: dict[str, Any], joiner: int, reached: int, began: float | None = None) -> int:
+        """Every rank of the new group: agree on the newest snapshot all survivors hold, hand the joiner its
+        rank's copy, load it into ``state``, and give the joiner the copy it holds for its neighbour. The step
+        restored."""
+        ctx, memory = self.ctx, self.memory
+        began = time.perf_counter() if began is None else began
+        mine = memory.steps() if ctx.rank != joiner else []
+        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, self.timeout_s)
+        if ctx.rank == joiner:
+            blob = memory.receive(memory.holder)
+        else:
+            if memory.held_for == joiner:
+                memory.hand_over(step, joiner)
+            blob = memory.own[step]
+        restore(blob, state)
+        memory.after_recovery(step, joiner, blob)
+        ctx.store.set(protocol.done_key(ctx.generation, ctx.rank), "1")
+        took = time.perf_counter() - began
+        if ctx.is_main:
+            print(
+                f"recovered in process: rank {joiner} replaced by a warm spare, state of step {step} restored from "
+                f"memory in {took:.2f} s (generation {ctx.generation})",
+                flush=True,
+            )
+        ctx.event(
+            Event.RECOVERED_IN_PROCESS,
+            generation=ctx.generation,
+            rank=joiner,
+            step=step,
+            lost_steps=max(0, reached - step),
+            took_s=took,
+            memory_bytes=memory.bytes(),  # the snapshots this rank holds: its own and its neighbour's
+            resident_bytes=resident_bytes(),  # with process_groups: what must stay flat over many recoveries
+            process_groups=len(dist.distributed_c10d._world.pg_map),
+        )
+        return step
+
+
+def warm_up(spec: JobSpec) -> None:
+    """The zygote of warm spares, before it forks them (train/main.py): run the recipe's code paths once (mesh, FSDP, a
+    step of AdamW, a memory snapshot and its restore) on a miniature of the model, in a process group of its own.
+    Taking a failed rank's place then costs the model's build without the first calls' overhead (lazy imports and
+    initialisation, dispatch caches: about a second on a CPU), which the survivors would wait for."""
+    assert spec.train is not None
+    hook = sys.excepthook  # init_process_group prefixes it with this group's rank ("[rank0]"): not the spare's
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        alone = Parallel(pp=1, dp_replicate=1, dp_shard=1, tp=1)
+        cfg = dataclasses.replace(PRESETS["llama-tiny"], tie_embeddings=model_config(spec).tie_embeddings)
+        model, _ = build_model(cfg, build_mesh("cpu", alone), spec.train, torch.device("cpu"), on_meta=False)
+        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+        tokens = torch.zeros(1, 9, dtype=torch.long)
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()
+        state = {"model": model, "optimizer": optimizer, "rng": RNG()}
+        restore(serialize(state), state)
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
