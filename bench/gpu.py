@@ -33,7 +33,7 @@ import torch
 from _report import Report, spread
 
 from phalanx.obs.metrics import device_name, peak_flops
-from phalanx.train.models.llama import PRESETS
+from phalanx.train.models.args import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 TITAN_STEP = re.compile(r"step:\s*(\d+).*?tps:\s*([\d,]+).*?mfu:\s*([\d.]+)%")

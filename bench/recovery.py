@@ -168,7 +168,8 @@ def peer() -> None:
     from torch.distributed.fsdp import fully_shard
 
     from phalanx.data.synthetic import SyntheticTokens
-    from phalanx.train.models.llama import PRESETS, Llama
+    from phalanx.train.models.args import PRESETS
+    from phalanx.train.models.llama import Llama
 
     work, steps, every = Path(os.environ["BENCH_WORK"]), int(os.environ["BENCH_STEPS"]), int(os.environ["BENCH_EVERY"])
     # torch's default gloo timeout is 30 minutes; a careful user sets a short one, so that a restarted pair
@@ -269,7 +270,8 @@ def torchft_peer() -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
     from phalanx.data.synthetic import SyntheticTokens
-    from phalanx.train.models.llama import PRESETS, Llama
+    from phalanx.train.models.args import PRESETS
+    from phalanx.train.models.llama import Llama
 
     work, steps = Path(os.environ["BENCH_WORK"]), int(os.environ["BENCH_STEPS"])
     replica = int(os.environ["REPLICA_GROUP_ID"])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _report import Report
 
-from phalanx.control.scheduler import Cluster, Job, Node, PredictiveBackfill, Queue, State, Tenant
+from phalanx.control.scheduler import Cluster, Job, Node, PredictiveLas, Queue, State, Tenant
 from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
 from phalanx.control.sim.simulator import PreemptionCosts, split_gpus
@@ -95,14 +95,14 @@ def compare(report: Report, trace: Path, seeds: int) -> None:
                      ratio(pessimistic, "avg_jct", "tiresias-like"), "<= 0.95")  # fmt: skip
 
 
-def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, PredictiveBackfill]:
+def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, PredictiveLas]:
     """The 10,000-GPU cluster and its 50,000 pending jobs; with ``lender_gpus``, a 201st tenant with that quota
     (taken from the others') and no jobs yet: its quota is lent out as the others fill the cluster."""
     rng = random.Random(seed)
     nodes = [Node(f"n{i:04d}", f"r{i // 16:03d}", 8) for i in range(1250)]
     tenants = [Tenant(f"t{i:03d}", 50 - lender_gpus // 200, "all") for i in range(200)]
     tenants += [Tenant("lender", lender_gpus, "all")] if lender_gpus else []
-    policy = PredictiveBackfill()
+    policy = PredictiveLas()
     state = State(Cluster(nodes), tenants, Queue(policy.key))
     sizes, weights = list(PHILLY_SIZES), list(PHILLY_SIZES.values())
     for i in range(50_000):
@@ -187,9 +187,11 @@ def main() -> None:
         "and in November 2017 on 448 GPUs (7 racks); tenants: the virtual clusters, in one cohort, quotas "
         "proportional to their GPU-time before the month (the past only), borrowing on; checkpoints every "
         "30 min; every policy's victims checkpoint on SIGTERM, their save commits in 20 s + 1.25 s per GPU; "
-        "restart 60 s; the pessimistic rows: 300 s + 1.25 s per GPU and 300 s. {args.seeds} seeds (submit "
-        "jitter up to 60 s, checkpoint phases): mean +- sd. Durations are the trace's; phalanx predicts them "
-        "from each tenant's finished jobs only. Waits count every time a job is pending, after preemptions too.",
+        "restart 60 s; the pessimistic rows: 300 s + 1.25 s per GPU and 300 s (phalanx's cost model told so, as "
+        f"an operator tells its server). {args.seeds} seeds (submit jitter up to 60 s, checkpoint phases): mean "
+        "+- sd. Durations are the trace's; phalanx predicts them from each tenant's finished jobs only. Waits "
+        "count every time a job is pending, after preemptions too. rho: a tenant whose quota cannot carry its "
+        "month's GPU-time alone is not replayed alone; its jobs count as rho <= 1.",
     )
     compare(report, trace, args.seeds)
     throughput(report)

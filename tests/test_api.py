@@ -106,6 +106,7 @@ def _requests(w: World, tenant: str) -> dict[tuple[str, str], tuple[str, dict]]:
         ("GET", "/api/v1/jobs/{job_id}/events"): (f"/jobs/{job}/events", {}),
         ("GET", "/api/v1/jobs/{job_id}/metrics"): (f"/jobs/{job}/metrics", {}),
         ("GET", "/api/v1/jobs/{job_id}/goodput"): (f"/jobs/{job}/goodput", {}),
+        ("GET", "/api/v1/jobs/{job_id}/story"): (f"/jobs/{job}/story", {}),
         ("GET", "/api/v1/jobs/{job_id}/checkpoints"): (f"/jobs/{job}/checkpoints", {}),
         ("GET", "/api/v1/quota"): ("/quota", {}),
         ("GET", "/api/v1/usage"): ("/usage", {}),
@@ -127,7 +128,9 @@ def _routes(w: World) -> set[tuple[str, str]]:
 
 
 # What a request names a thing by (a path parameter or a body's or query's field), and the thing's kind.
-KINDS = {"job_id": "job", "name": "tenant", "token_id": "token", "tenant": "tenant", "user": "user"}
+KINDS = {
+    "job_id": "job", "resume_from": "job", "name": "tenant", "token_id": "token", "tenant": "tenant", "user": "user",
+}  # fmt: skip
 
 
 def _asked(route: str, path: str, kwargs: dict) -> dict[str, object]:

@@ -32,7 +32,8 @@ from phalanx.checkpoint.export import read_model
 from phalanx.checkpoint.interval import choose, default_mtbf_hours
 from phalanx.checkpoint.writer import WINDOW, storage_writer
 from phalanx.obs import read_jsonl
-from phalanx.train.models.llama import PRESETS, Llama, LlamaConfig
+from phalanx.train.models.args import PRESETS, LlamaConfig
+from phalanx.train.models.llama import Llama
 
 
 def _spec(job: Job, ckpt: Path | str, procs: int = 2, parallel: str = "{}", steps: int = 12, extra: str = "") -> Path:

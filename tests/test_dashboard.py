@@ -87,6 +87,9 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     page.wait_for_selector("#timeline td:has-text('attempt=1')", timeout=120_000)  # the next attempt began
     resumed = _steps(page)
     _until(lambda: _steps(page) > resumed + 3)  # and trains on
+    (restart,) = alice.story(job)["restarts"]  # `phalanx status` tells it: the cause, the step it went on from
+    assert restart["category"] == "killed" and not restart["in_process"] and restart["execution"] == 1
+    assert restart["resumed_from"] >= 20 and restart["resumed_from"] % 20 == 0, restart  # a checkpoint's step
     page.wait_for_selector("#log:has-text('step')")  # rank 0's log, followed
     assert page.locator("#goodput span[data-category='productive']").count() == 1
     assert page.evaluate("window.__notReloaded") is True

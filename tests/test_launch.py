@@ -47,7 +47,7 @@ def test_two_rank_allreduce_with_torchrun_env(job: Job, tmp_path: Path) -> None:
     [
         ("exit", "exited with code 3"),
         ("raise", "exited with code 1: RuntimeError: rank 1 lost its accelerator"),
-        ("report", "exited with code 3 after step 6"),  # the last step its SDK heartbeat reported
+        ("report", "exited with code 3 after step 7"),  # the last step its SDK heartbeat reported (0-6), from 1
     ],
 )
 def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Path, mode: str, cause: str) -> None:
@@ -61,6 +61,8 @@ def test_failing_rank_is_named_and_the_others_are_stopped(job: Job, tmp_path: Pa
     assert not alive(int((tmp_path / "pid-0").read_text()))
     (failure,) = [e for e in read_jsonl(job.run_dir() / "events.jsonl") if e["kind"] == "worker_failed"]
     assert failure["rank"] == 1 and failure["then"] == ["rank 0 was killed by SIGTERM"]
+    survivor = (job.run_dir() / "logs" / "rank-0.log").read_text().splitlines()[-1]  # its errors, explained
+    assert survivor.startswith(f"[phalanx] rank 0 was stopped because rank 1 {cause.split(':')[0]};"), survivor
 
 
 def _start_and_wait_ready(job: Job, spec: Path, out: Path, ranks: int = 2) -> subprocess.Popen[str]:
@@ -141,7 +143,7 @@ def test_crash_is_restarted_until_it_succeeds(job: Job) -> None:
     spec = job.command_spec("flaky.py", "crash-once", extra="resilience: {restart_backoff_s: 0.2}\n")
     result = job.run(spec)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "failed: rank 1 exited with code 3 after step 1" in result.stdout
+    assert "failed: rank 1 exited with code 3 after step 2" in result.stdout
     assert "restart 1/3 in 0.2 s" in result.stdout and "[rank0]: attempt 1 done" in result.stdout
     (restart,) = _events(job, "restart_scheduled")
     assert restart["failure"] == "infrastructure" and restart["category"] == "crash" and restart["backoff_s"] == 0.2

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import subprocess
+import sys
 
 from conftest import REPO
 
@@ -54,3 +56,24 @@ def test_no_layer_imports_one_above_it() -> None:
     ]
     assert "phalanx.obs.protocol" in graph["phalanx.launch.supervisor"]  # it sees the layers' imports
     assert upward == []
+
+
+def test_the_cli_and_the_server_import_no_torch() -> None:
+    """Every client command starts at once, and the server runs without torch: importing the CLI (all its
+    command groups), the server, and checking a spec before it is queued (what the server does on submit)
+    leave torch unimported; a worker's SDK still brings it."""
+    check = (
+        "import sys\n"
+        "import phalanx.cli.main, phalanx.control.server.main\n"
+        "from phalanx.launch.preflight import preflight\n"
+        "from phalanx.spec import load_spec\n"
+        "for job in ('examples/demo.yaml', 'examples/own_script.yaml'):\n"
+        "    preflight(load_spec(job))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])\n"
+        "import phalanx\n"
+        "phalanx.init\n"
+        "print('torch' in sys.modules)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n")[:2] == ["[]", "True"], ran.stdout

@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, alive
-from phalanx.client import Client
+from phalanx.client import Client, ClientError
 from phalanx.obs.events import read_jsonl
 from servers import PhalanxServer
 
@@ -54,6 +56,8 @@ def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
     token = server.token_file.read_text().strip()
     assert cli(admin_env, "login", server.url, "--token", token).returncode == 0
     assert cli(admin_env, "tenants", "create", "vision", "--nominal-gpus", "2").returncode == 0
+    huge = cli(admin_env, "tenants", "create", "huge", "--nominal-gpus", "100000")  # kept, but said
+    assert huge.returncode == 0 and "quota of 100000 GPUs is more than the cluster's" in huge.stderr, huge.stderr
     assert cli(admin_env, "users", "create", "alice", "--tenant", "vision").returncode == 0
     made = cli(admin_env, "tokens", "create", "--user", "alice")
     alice = {"PHALANX_CONFIG": str(tmp_path / "alice.json")}
@@ -70,12 +74,18 @@ def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
 
     followed = cli(alice, "logs", job_id, "-f")  # returns when the job ends
     assert followed.returncode == 0 and "holds 65,696 params" in followed.stdout
+    assert followed.stderr.strip().splitlines()[-1].startswith(f"{job_id} SUCCEEDED: ")  # how it ended, last
     job = server.admin.job(job_id)
     assert job["state"] == "SUCCEEDED" and job["steps_done"] == 8 and job["owner"] == "alice"
     assert cli(alice, "logs", job_id, "--rank", "1").stdout.strip()  # still readable after the end
+    said = cli(alice, "logs", job_id, "--supervisor").stdout  # the supervisor's story, through the server
+    assert "2 worker(s) on cpu" in said and "goodput" in said, said
+    no_rank = cli(alice, "logs", job_id, "--rank", "5")
+    assert no_rank.returncode == 1 and f"rank 5 not found; job {job_id} has 2 rank(s): 0 to 1" in no_rank.stderr
     status = cli(alice, "status", job_id).stdout
     assert "PENDING -> ADMITTED" in status and "RUNNING -> SUCCEEDED" in status
-    assert job_id in cli(alice, "jobs", "--state", "succeeded").stdout
+    listed = cli(alice, "jobs", "--state", "succeeded").stdout
+    assert re.search(rf"{job_id} .* SUCCEEDED .* 8/8 ", listed), listed  # a finished job's steps, from its row
     usage = cli(alice, "usage", "--since", "1h", "--by-job").stdout
     assert job_id in usage and "vision" in usage
     report = server.admin.usage()
@@ -107,6 +117,10 @@ def test_preemption_checkpoints_and_resumes_with_no_step_lost_or_repeated(server
     first = [s for e, s in ran if e == 1]
     assert [s for _, s in ran] == list(range(LONG)), "a step was lost or repeated"
     assert 5 <= len(first) < LONG and {e for e, _ in ran} == {1, 2}
+    story = client.story(low)  # what `phalanx status` tells: the emergency checkpoint, where execution 2 began
+    assert [(s["execution"], s["checkpoint_step"]) for s in story["stops"]] == [(1, len(first))]
+    assert story["resumed"] == {"2": len(first)} and story["restarts"] == [] and story["steps_done"] == LONG
+    assert story["last_loss"] == client.metrics(low)[-1]["loss"] and 0 < story["goodput"] < 1
     high_started = next(t["at"] for t in client.events(high)["transitions"] if t["to_state"] == "RUNNING")
     low_back = [t["at"] for t in client.events(low)["transitions"] if t["to_state"] == "RUNNING"][1]
     assert low_back > high_started
@@ -146,7 +160,7 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: PhalanxServer) ->
     waiting = client.jobs(["PENDING"])
     assert [j["id"] for j in waiting] == queued
     for job in waiting:  # why each waits, from the scheduler's round
-        assert re.match(r"(quota|placement|reservation|behind|no room): .+", job["reason"]), job
+        assert re.match(r"(quota|placement|preempting|behind|no room): .+", job["reason"]), job
     for job_id in [running, *queued]:
         wait_for(client, job_id, {"SUCCEEDED"})
     for job_id in [running, *queued]:
@@ -158,13 +172,26 @@ def test_kill9_the_server_loses_and_duplicates_nothing(server: PhalanxServer) ->
     assert started == sorted(started), "the queue's order was not kept"
 
 
-def test_cancelling_a_running_job_checkpoints_it_first(server: PhalanxServer) -> None:
+def test_cancelling_a_running_job_checkpoints_it_first_and_resume_goes_on_from_it(server: PhalanxServer) -> None:
+    """A cancelled job saves an emergency checkpoint; `phalanx resume` submits it again, with its lineage, and
+    the new job's first step is the one after that checkpoint."""
     client = server.member("ops", 2, "dave")
     job_id = client.submit(tiny("cancelled", LONG, every=1000))["id"]
     wait_for(client, job_id, steps=3, timeout=120)
+    with pytest.raises(ClientError) as still_going:
+        client.submit(None, resume_from=job_id)
+    assert still_going.value.status == 409 and "resume from a job that ended" in str(still_going.value)
     asked = client.cancel(job_id)
     assert asked["state"] == "RUNNING" and asked["reason"].startswith("cancelling at the request of dave")
     done = wait_for(client, job_id, {"CANCELLED"})
     (saved,) = client.checkpoints(job_id)  # the emergency save, the only one
     assert saved["problem"] is None and saved["step"] == done["steps_done"]
     assert [e["kind"] for e in client.events(job_id)["events"]].count("signal_received") == 1  # one SIGTERM
+
+    env = {"PHALANX_URL": server.url, "PHALANX_TOKEN": server.admin.create_token("cli", "dave")["token"]}
+    resumed = cli(env, "resume", job_id)
+    assert resumed.returncode == 0 and f"going on from {job_id}'s checkpoints" in resumed.stderr, resumed.stderr
+    again = wait_for(client, resumed.stdout.strip(), {"SUCCEEDED"})
+    assert again["resumed_from"] == job_id and again["steps_done"] == LONG
+    ran = [s for _, s in steps(client, again["id"])]
+    assert ran == list(range(saved["step"], LONG))  # from the emergency checkpoint on, each step once

@@ -267,6 +267,8 @@ def test_chaos_kill_then_corrupt(job: Job, tmp_path: Path) -> None:
     assert sup.returncode == 0 and "was killed by SIGKILL" in out and "restart 1/5" in out, out[-3000:]
     late = subprocess.run([*chaos, "kill"], capture_output=True, text=True)
     assert late.returncode == 1 and "has finished" in late.stderr
+    job_id = subprocess.run([*chaos[:-1], "t-0123abcd", "kill"], capture_output=True, text=True, timeout=60)
+    assert job_id.returncode == 1 and "t-0123abcd: no such run directory" in job_id.stderr  # at once, not in 600 s
     corrupt = subprocess.run([*chaos, "corrupt"], capture_output=True, text=True)
     assert corrupt.returncode == 0 and "step-00000012" in corrupt.stderr, corrupt.stderr
     verify = subprocess.run(

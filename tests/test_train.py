@@ -13,7 +13,8 @@ from conftest import REPO, Job
 from phalanx.obs import read_jsonl
 from phalanx.spec import parse_spec
 from phalanx.spec.model import Optimizer
-from phalanx.train.models.llama import PRESETS, Llama, config_from
+from phalanx.train.models.args import PRESETS, config_from
+from phalanx.train.models.llama import Llama
 from phalanx.train.recipe import model_config
 from phalanx.train.trainer import lr_factor
 

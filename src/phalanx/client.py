@@ -131,10 +131,18 @@ class Client:
 
     # --- jobs
     def submit(
-        self, spec: str, priority: int = 0, tenant: str | None = None, workdir: str | None = None
+        self,
+        spec: str | None,
+        priority: int = 0,
+        tenant: str | None = None,
+        workdir: str | None = None,
+        resume_from: str | None = None,
     ) -> dict[str, Any]:
-        """Queue a job spec (YAML text); relative paths in it are relative to ``workdir`` (default: here)."""
-        body = {"spec": spec, "priority": priority, "tenant": tenant, "workdir": workdir or os.getcwd()}
+        """Queue a job spec (YAML text); relative paths in it are relative to ``workdir`` (default: here).
+        ``resume_from``: a job that ended, whose checkpoints the new one goes on from (``spec`` None: its spec,
+        and its directory)."""
+        where = workdir or (None if spec is None else os.getcwd())
+        body = {"spec": spec, "priority": priority, "tenant": tenant, "workdir": where, "resume_from": resume_from}
         return self._call("POST", "/jobs", json=body)
 
     def jobs(
@@ -155,24 +163,30 @@ class Client:
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/jobs/{job_id}/metrics")
 
+    def story(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/jobs/{job_id}/story")
+
     def goodput(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/jobs/{job_id}/goodput")
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/jobs/{job_id}/checkpoints")
 
-    def logs(self, job_id: str, rank: int = 0, offset: int = 0, execution: int | None = None) -> dict[str, Any]:
-        params: dict[str, Any] = {"rank": rank, "offset": offset}
+    def logs(
+        self, job_id: str, rank: int = 0, offset: int = 0, execution: int | None = None, supervisor: bool = False
+    ) -> dict[str, Any]:
+        """A chunk of a rank's log, or with ``supervisor`` of the supervisor's (its lines, progress, summary)."""
+        params: dict[str, Any] = {"rank": rank, "offset": offset, "supervisor": supervisor}
         if execution is not None:
             params["execution"] = execution
         return self._call("GET", f"/jobs/{job_id}/logs", params=params)
 
-    def follow_logs(self, job_id: str, rank: int = 0, poll_s: float = 0.5) -> Iterator[str]:
-        """A rank's log as it is written, until the job ends: the latest execution's, then each new one's
-        (after a preemption or a lost execution the job runs again, in a new run directory)."""
+    def follow_logs(self, job_id: str, rank: int = 0, poll_s: float = 0.5, supervisor: bool = False) -> Iterator[str]:
+        """A rank's log (or the supervisor's) as it is written, until the job ends: the latest execution's, then
+        each new one's (after a preemption or a lost execution the job runs again, in a new run directory)."""
         execution, offset = None, 0
         while True:
-            chunk = self.logs(job_id, rank, offset, execution)
+            chunk = self.logs(job_id, rank, offset, execution, supervisor)
             execution, offset = chunk["execution"], chunk["next_offset"]
             if chunk["text"]:
                 yield chunk["text"]

@@ -61,8 +61,7 @@ def tenants_create(
     cohort: str | None = typer.Option(None, help="share idle GPUs with this cohort's other tenants"),
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
 ) -> None:
-    t = call(connect().create_tenant, name, nominal_gpus, cohort, borrowing_limit)
-    err.print(f"tenant {t['name']}: {t['nominal_gpus']} GPUs")
+    _said(call(connect().create_tenant, name, nominal_gpus, cohort, borrowing_limit))
 
 
 @tenants_app.command("update")
@@ -73,8 +72,15 @@ def tenants_update(
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
 ) -> None:
     changes = {"nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
-    t = call(connect().update_tenant, name, **{k: v for k, v in changes.items() if v is not None})
-    err.print(f"tenant {t['name']}: {t['nominal_gpus']} GPUs, cohort {t['cohort']}, limit {t['borrowing_limit']}")
+    _said(call(connect().update_tenant, name, **{k: v for k, v in changes.items() if v is not None}))
+
+
+def _said(t: dict) -> None:
+    cohort = f"cohort {t['cohort']}" if t["cohort"] else "no cohort"
+    limit = f"borrowing limit {t['borrowing_limit']}" if t["borrowing_limit"] is not None else "no borrowing limit"
+    err.print(f"tenant {t['name']}: {t['nominal_gpus']} GPUs, {cohort}, {limit}", highlight=False)
+    if t["warning"]:
+        err.print(f"[bold yellow]warning[/]: {t['warning']}", highlight=False)
 
 
 users_app = typer.Typer(no_args_is_help=True, help="Users of your tenant (all: admins).")

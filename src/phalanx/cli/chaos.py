@@ -51,6 +51,12 @@ def running_run(path: Path, timeout_s: float) -> RunDir:
     still going, waiting up to ``timeout_s`` for one to start (so chaos can be armed before the job)."""
     if RunDir(path).events.is_file() or RunDir(path).spec.is_file():
         return RunDir(path)
+    if not path.is_dir() and path.parent.name != "runs":
+        raise ChaosError(
+            f"{path}: no such run directory. Give a run directory (runs/<name>/<run id>), or runs/<name> to "
+            "strike its newest run (waiting for one to start); a job a phalanx server runs has its runs under the "
+            "server's data directory: <data-dir>/jobs/<job id>/attempt-<n>/runs/<name>/"
+        )
     deadline = time.monotonic() + timeout_s
     while True:
         going = [RunDir(d) for d in sorted(path.iterdir())] if path.is_dir() else []
@@ -180,6 +186,8 @@ def chaos(
         err.print(f"[bold red]unknown fault[/] {fault!r}; faults: {', '.join(FAULTS)}", highlight=False)
         raise typer.Exit(2)
     draw = random.Random(seed)
+    if fault in ("nan", "spike"):  # they reach the job through its store: torch, imported before the wait, for
+        import torch.distributed  # noqa: F401 -- its seconds of import would come after the step waited for
     try:
         check_slow_speed(slow_speed)
         target = running_run(run, timeout_s)

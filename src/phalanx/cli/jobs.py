@@ -20,13 +20,20 @@ def login(
     """Check a token against the server and keep both for the other commands."""
     who = call(Client(url, token).whoami)
     path = save_login(url, token)
-    err.print(f"logged in to {url} as {who['user']} ({who['role']}, tenant {who['tenant']}); saved in {path}")
+    tenant = f"tenant {who['tenant']}" if who["tenant"] else "no tenant"
+    err.print(f"logged in to {url} as {who['user']} ({who['role']}, {tenant}); saved in {path}", highlight=False)
+
+
+PRIORITY = typer.Option(0, help="higher runs first, and may preempt lower in its tenant")
 
 
 def submit(
     job: Path = typer.Argument(..., help="the job spec (YAML)", dir_okay=False),
-    priority: int = typer.Option(0, help="higher runs first, and may preempt lower in its tenant"),
+    priority: int = PRIORITY,
     tenant: str | None = typer.Option(None, help="the tenant to run under (default: yours)"),
+    resume_from: str | None = typer.Option(
+        None, "--resume-from", help="a job that ended: go on from its checkpoints (phalanx resume: with its spec)"
+    ),
 ) -> None:
     """Queue a job on the server; print its id."""
     try:
@@ -34,8 +41,21 @@ def submit(
     except OSError as e:
         err.print(f"[bold red]cannot read[/] {job}: {e.strerror}")
         raise typer.Exit(2) from None
-    created = call(connect().submit, text, priority, tenant, str(Path.cwd()))
-    err.print(f"submitted {created['id']} to tenant {created['tenant']}: {created['state']}", highlight=False)
+    _queued(call(connect().submit, text, priority, tenant, str(Path.cwd()), resume_from))
+
+
+def resume(
+    job_id: str = typer.Argument(..., help="a job that ended (cancelled, failed, or succeeded and to go further)"),
+    priority: int = PRIORITY,
+) -> None:
+    """Submit a job that ended again, with its spec and directory: it goes on from its newest checkpoint."""
+    _queued(call(connect().submit, None, priority, None, None, job_id))
+
+
+def _queued(created: dict) -> None:
+    going_on = f", going on from {created['resumed_from']}'s checkpoints" if created["resumed_from"] else ""
+    err.print(f"submitted {created['id']} to tenant {created['tenant']}{going_on}: {created['state']}",
+              highlight=False)  # fmt: skip
     out.print(created["id"], highlight=False)
 
 
@@ -56,33 +76,62 @@ def jobs(
 
 
 def status(job_id: str = typer.Argument(...)) -> None:
-    """A job: its state and why, its progress, and every transition with its cause."""
+    """A job: its state and why, its progress, what happened to it (restarts and their causes, emergency
+    checkpoints, resumptions, the last loss, goodput), and every transition with its cause."""
     client = connect()
-    j = call(client.job, job_id)
-    for key in ("id", "name", "tenant", "owner", "state", "reason", "priority", "gpus", "placement"):
-        out.print(f"[bold]{key:>11}[/] {j[key]}", highlight=False)
+    j, story = call(client.job, job_id), call(client.story, job_id)
+    placement = ", ".join(f"{node}: {n}" for node, n in (j["placement"] or {}).items()) or "-"
+    fields = {**{k: j[k] for k in ("id", "name", "tenant", "owner", "state", "reason", "priority", "gpus")},
+              "placement": placement}  # fmt: skip
+    for key, value in fields.items():
+        out.print(f"[bold]{key:>11}[/] {'-' if value in (None, '') else value}", highlight=False)
     step = f"{j['steps_done']} of {j['total_steps'] or '?'}" if j["steps_done"] is not None else "-"
     out.print(f"[bold]{'steps':>11}[/] {step}   executions {j['attempt']}, preempted {j['preemptions']} time(s)")
+    if story["last_loss"] is not None:
+        out.print(f"[bold]{'loss':>11}[/] {story['last_loss']:.4g} at step {story['steps_done']}", highlight=False)
+    if story["goodput"] is not None:
+        out.print(f"[bold]{'goodput':>11}[/] {story['goodput']:.1%} of the executions' time", highlight=False)
+    for line in story_lines(story):
+        out.print(f"  {line}", highlight=False)
     for t in call(client.events, job_id)["transitions"]:
         out.print(f"  {when(t['at'])}  {t['from_state'] or '':>9} -> {t['to_state']:<9} {t['cause']}")
+
+
+def story_lines(story: dict) -> list[str]:
+    """Restarts, emergency checkpoints and resumptions, in time order, a sentence each."""
+    lines = []
+    for r in story["restarts"]:
+        how = "recovered in process (a warm spare)" if r["in_process"] else "restarted every rank"
+        went_on = f", went on from step {r['resumed_from']}" if r["resumed_from"] is not None else ""
+        lines.append((r["at"], f"execution {r['execution']}: {r['category']}: {r['cause']}; {how}{went_on}"))
+    for s in story["stops"]:
+        lines.append((s["at"], f"execution {s['execution']}: asked to stop; emergency checkpoint of step "
+                               f"{s['checkpoint_step']} committed"))  # fmt: skip
+    resumed = [f"execution {n} began from step {step}" for n, step in story["resumed"].items()]
+    return [f"{when(at)}  {text}" for at, text in sorted(lines)] + resumed
 
 
 def logs(
     job_id: str = typer.Argument(...),
     rank: int = typer.Option(0, min=0),
+    supervisor: bool = typer.Option(
+        False, "--supervisor", help="the supervisor's log instead: restarts, progress lines, the end summary"
+    ),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
 ) -> None:
-    """A rank's log (the latest execution's), or follow it as the job runs."""
+    """A rank's log (the latest execution's), or follow it as the job runs; then one line on how it ended."""
     client = connect()
     if follow:
         try:
-            for text in client.follow_logs(job_id, rank):
+            for text in client.follow_logs(job_id, rank, supervisor=supervisor):
                 print(text, end="", flush=True)
         except ClientError as e:
             fail(e)
+        j = call(client.job, job_id)
+        err.print(f"{job_id} {j['state']}: {j['reason']}", highlight=False)
         return
     offset = 0
-    while chunk := call(client.logs, job_id, rank, offset):
+    while chunk := call(client.logs, job_id, rank, offset, supervisor=supervisor):
         print(chunk["text"], end="")
         if chunk["next_offset"] >= chunk["size"]:
             break
@@ -113,7 +162,8 @@ def usage(
 ) -> None:
     """GPU-hours per tenant (and per job): allocated, and productive by the goodput ledger."""
     report = call(connect().usage, parse_since(since))
-    table = Table("tenant", "job", "allocated GPU-h", "productive GPU-h", "goodput", box=None)
+    # not the run's goodput (status, the dashboard): that divides by the run's time, this by the GPUs' held time
+    table = Table("tenant", "job", "allocated GPU-h", "productive GPU-h", "productive/allocated", box=None)
     for row in report["tenants"] + (report["jobs"] if by_job else []):
         alloc, prod = row["allocated_gpu_hours"], row["productive_gpu_hours"]
         table.add_row(
@@ -130,6 +180,7 @@ def usage(
 def register(app: typer.Typer) -> None:
     app.command()(login)
     app.command()(submit)
+    app.command()(resume)
     app.command()(jobs)
     app.command()(status)
     app.command()(logs)

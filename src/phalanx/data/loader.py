@@ -16,7 +16,7 @@ import torch
 
 from phalanx.data.builtin import resolve
 from phalanx.data.sampler import GlobalSampler
-from phalanx.data.shards import DatasetError, TokenDataset
+from phalanx.data.shards import DatasetError, TokenDataset, too_short
 from phalanx.spec.model import Data
 
 
@@ -24,16 +24,6 @@ class BatchSource(Protocol):
     vocab_size: int
 
     def local_batch(self, step: int, global_batch: int, dp_rank: int, dp_size: int) -> torch.Tensor: ...
-
-
-def too_short(dataset: TokenDataset, seq_len: int) -> str | None:
-    """Why ``dataset`` cannot give one sample of ``seq_len``, or None if it can."""
-    if dataset.num_samples(seq_len) > 0:
-        return None
-    return (
-        f"{dataset.total_tokens} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}; use a shorter "
-        "train.seq_len or more data"
-    )
 
 
 class TokenSource:

@@ -148,3 +148,13 @@ class TokenDataset:
             start += take
             shard += 1
         return np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])
+
+
+def too_short(dataset: TokenDataset, seq_len: int) -> str | None:
+    """Why ``dataset`` cannot give one sample of ``seq_len``, or None if it can."""
+    if dataset.num_samples(seq_len) > 0:
+        return None
+    return (
+        f"{dataset.total_tokens} tokens, fewer than one sample of seq_len + 1 = {seq_len + 1}; use a shorter "
+        "train.seq_len or more data"
+    )

@@ -43,8 +43,7 @@ def _command_issue(head: str, cwd: str | None) -> SpecIssue | None:
 def _data_issues(spec: JobSpec, vocab_size: int, cwd: str | None) -> list[SpecIssue]:
     """Open each prepared dataset's index (not its shards' checksums: the workers do that) and check it fits."""
     from phalanx.data.builtin import PREFIX
-    from phalanx.data.loader import too_short
-    from phalanx.data.shards import DatasetError, TokenDataset
+    from phalanx.data.shards import DatasetError, TokenDataset, too_short
     from phalanx.train.recipe import vocabulary_issue
 
     if spec.data is None or spec.train is None:

@@ -101,10 +101,11 @@ class Stops:
         )
 
     def what_failed(self, first: RankFailed, store: TCPStore) -> tuple[str, str, Failure]:
-        """How a rank ended ("killed by SIGKILL after step 24"), the error it recorded, and what kind of
-        failure that makes."""
+        """How a rank ended ("killed by SIGKILL after step 24": steps counted from 1, as the progress line and a
+        checkpoint's step count them; a heartbeat names its step from 0), the error it recorded, and what kind
+        of failure that makes."""
         step = last_step(store, first.rank)
-        cause = describe_exit(first.returncode) + (f" after step {step}" if step is not None else "")
+        cause = describe_exit(first.returncode) + (f" after step {step + 1}" if step is not None else "")
         detail = recorded_error(self.run_dir.error_file(first.rank))
         return cause, detail, classify_exit(first.returncode, detail)
 
@@ -132,6 +133,11 @@ class Stops:
         if run.lost:  # a node gone is the root cause; this rank's exit was its first consequence
             return self.lost(run, run.lost[0], then=[f"rank {first.rank} {cause}", *others])
         self.worker_failed(first, detail, failure, then=others)
+        for rank in sorted(set(codes) - {first.rank}):  # a survivor's traceback (a gloo error, say) explained
+            if (log := self.run_dir.log(rank)).is_file():
+                with log.open("a") as f:
+                    f.write(f"[phalanx] rank {rank} was stopped because rank {first.rank}{on} {cause}; an error "
+                            "above from its collectives is this rank losing that peer, not the cause\n")  # fmt: skip
         tail = _tail(self.run_dir.log(first.rank), 15)
         said = (
             f"rank {first.rank}{on} {cause}"

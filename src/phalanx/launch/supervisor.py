@@ -82,7 +82,7 @@ class Supervisor:
         self.spec = spec
         self.device = resolve_device(spec.resources.device, spec.resources.procs_per_node)
         self.run_dir = RunDir.create(runs_root, spec.name)
-        self.console = Console(console)
+        self.console = Console(console, copy=self.run_dir.supervisor_log)
         self.progress = ProgressFeed(self.run_dir.metrics, spec.train.steps if spec.train is not None else None)
         self.started = time.monotonic()
         self.restarts = 0

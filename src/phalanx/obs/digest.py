@@ -25,6 +25,10 @@ class RunDigest:
     checkpoint_blocked_s: float  # training time rank 0 spent blocked on checkpoint saves
     signalled: bool  # a SIGINT or SIGTERM reached the supervisor (a stop asked from outside)
     finished: bool  # the supervisor wrote its last event
+    steps_done: int | None  # rank 0's last step record, counted from 1 (None: no step yet)
+    last_loss: float | None  # that step's loss
+    steps_run: int  # step records written, steps run again after a restart included: only ever grows
+    tokens_run: float  # their tokens (tokens/s x step time, where the run reports both)
 
     @property
     def restart_count(self) -> int:
@@ -67,6 +71,10 @@ def _read(run: RunDir) -> RunDigest | None:
         checkpoint_blocked_s=sum(e.get("blocked_s", 0.0) for e in events if e["kind"] == Event.CHECKPOINT_COMMITTED),
         signalled=any(e["kind"] == Event.SIGNAL_RECEIVED for e in events),
         finished=any(e["kind"] == Event.RUN_FINISHED for e in events),
+        steps_done=int(metrics[-1]["step"]) + 1 if metrics else None,
+        last_loss=metrics[-1].get("loss") if metrics else None,
+        steps_run=len(metrics),
+        tokens_run=sum(m.get("tokens_per_s", 0.0) * m.get("step_time_s", 0.0) for m in metrics),
     )
 
 

@@ -6,6 +6,7 @@ runs/<name>/<run id>/
     metrics.jsonl      per-step metrics written by rank 0
     result.json        outcome, exit code and reason, written when the run ends
     goodput.json       the goodput ledger: where the run's wall time went (obs/goodput.py)
+    logs/supervisor.log  what the supervisor showed: its lines, the workers' it passed on, the progress, the summary
     logs/rank-<r>.log  each rank's stdout and stderr, all attempts appended
     logs/rank-<r>.error.json  the root cause a rank recorded with torch's @record, if any
     logs/rank-<r>.stacks.txt  every thread's Python stack, dumped when the rank was found hung
@@ -139,6 +140,10 @@ class RunDir:
 
     def log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
 
     def spare_log(self, spare: int) -> Path:
         return self.logs / f"spare-{spare}.log"

@@ -41,7 +41,7 @@ class ModelSpec(Strict):
 
     preset: str = Field(
         default="llama-debug",
-        description="llama-tiny, llama-debug, llama3-1b, llama3-3b, llama3-8b or llama3-70b (train/models/llama.py)",
+        description="llama-tiny, llama-debug, llama3-1b, llama3-3b, llama3-8b or llama3-70b (train/models/args.py)",
     )
     dim: PositiveInt | None = Field(default=None, description="model width; default: the preset's")
     n_layers: PositiveInt | None = Field(default=None, description="transformer blocks; default: the preset's")

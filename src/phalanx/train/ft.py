@@ -26,7 +26,7 @@ from phalanx.obs.metrics import resident_bytes
 from phalanx.obs.protocol import PeerLost, peer_lost
 from phalanx.spec import JobSpec
 from phalanx.spec.parallel import Parallel
-from phalanx.train.models.llama import PRESETS
+from phalanx.train.models.args import PRESETS
 from phalanx.train.parallelize import build_mesh, build_model
 from phalanx.train.recipe import model_config
 from phalanx.train.sdk import WorkerContext

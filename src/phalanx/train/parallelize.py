@@ -26,7 +26,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from phalanx.spec.model import Train
 from phalanx.spec.parallel import Parallel
 from phalanx.train import pipeline
-from phalanx.train.models.llama import Llama, LlamaConfig
+from phalanx.train.models.args import LlamaConfig
+from phalanx.train.models.llama import Llama
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # torchtitan's order: pp outermost, tp innermost
 

@@ -4,7 +4,7 @@ and whether the parallel degrees fit that architecture. Checked before any proce
 from __future__ import annotations
 
 from phalanx.spec import JobSpec, SpecError, SpecIssue
-from phalanx.train.models.llama import PRESETS, LlamaConfig, config_from
+from phalanx.train.models.args import PRESETS, LlamaConfig, config_from
 
 TP_SPLIT_FIELDS = ("n_heads", "n_kv_heads", "dim", "ffn_dim", "vocab_size")
 

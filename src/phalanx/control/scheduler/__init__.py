@@ -6,11 +6,12 @@ from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
-from phalanx.control.scheduler.policy import PredictiveBackfill
+from phalanx.control.scheduler.policy import PredictiveLas
 from phalanx.control.scheduler.predict import DurationPredictor
-from phalanx.control.scheduler.state import Policy, Queue, State, Usage
+from phalanx.control.scheduler.service import Levels
+from phalanx.control.scheduler.state import Policy, Queue, State
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveBackfill, Fifo, KueueLike, TiresiasLike)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveLas, Fifo, KueueLike, TiresiasLike)}
 
 __all__ = [
     "POLICIES",
@@ -21,10 +22,11 @@ __all__ = [
     "Fifo",
     "Job",
     "KueueLike",
+    "Levels",
     "Node",
     "Placement",
     "Policy",
-    "PredictiveBackfill",
+    "PredictiveLas",
     "Preempt",
     "Queue",
     "Round",
@@ -32,7 +34,6 @@ __all__ = [
     "State",
     "Tenant",
     "TiresiasLike",
-    "Usage",
     "Wait",
     "apply",
     "place",

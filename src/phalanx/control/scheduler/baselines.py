@@ -5,9 +5,8 @@
   borrowing (jobs within their quota first), classic preemption (reclaim from borrowers and lower priority;
   victims the lowest priority, then the most recently admitted), no cycle guard.
 - ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19) as its authors' simulator runs it: two
-  queues by GPU-time executed since the last reset, first come first served within a queue, a job of the
-  second queue starved for ``promote_knob`` times its executed time reset and promoted to the first; a
-  waiting job of a better queue preempts running jobs of worse ones. No quotas.
+  queues by GPU-time executed since the last reset (service.py), first come first served within a queue; a
+  waiting job of a better queue preempts running jobs of worse ones, the latest comer first. No quotas.
 
 Each preempts the way the runtime lets any policy: its victims checkpoint on SIGTERM, then leave.
 """
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from phalanx.control.scheduler.jobs import Job, Round
+from phalanx.control.scheduler.service import Levels
 from phalanx.control.scheduler.snapshot import Snapshot
 from phalanx.control.scheduler.state import State
 
@@ -84,33 +84,15 @@ class TiresiasLike:
     def key(self, job: Job) -> tuple:
         return (job.submitted,)
 
-    def executed_s(self, job: Job, until: float) -> float:
-        """Seconds the job has run since its last reset, as of ``until`` (while pending since its last run).
-        The reference simulator's two counters (SymbioticLab/Tiresias, simulator/run_sim.py: executed_time
-        and last_pending_time), replayed over the job's runs: time pending counts once the job has run; a job
-        of the second queue pending ``promote_knob`` times its executed time has both reset to zero, which
-        puts it back in the first queue until it has run its threshold again."""
-        executed = pending = 0.0
-        ended = None
-        for started, stopped in (*job.ran, (until, until)):
-            if ended is not None and executed > 0 and started > ended:
-                pending += started - ended
-                if executed * job.gpus >= self.threshold_gpu_s and pending >= self.promote_knob * executed:
-                    executed = pending = 0.0
-            executed += stopped - started
-            ended = stopped
-        return executed
-
-    def level(self, job: Job, now: float, started: float | None = None) -> int:
-        """0 or 1: the queue by GPU-time executed since the last reset, a running job's current run included."""
-        executed = self.executed_s(job, now if started is None else started)
-        return int(job.gpus * (executed + (now - started if started is not None else 0.0)) >= self.threshold_gpu_s)
+    @property
+    def levels(self) -> Levels:
+        return Levels(self.threshold_gpu_s, self.promote_knob)
 
     def schedule(self, state: State, now: float) -> Round:
-        snap = Snapshot(state, now)
-        levels = {job.id: self.level(job, now) for job in state.queue}
+        snap, las = Snapshot(state, now), self.levels
+        levels = {job.id: las.level(job, now) for job in state.queue}
         pending = sorted(state.queue, key=lambda job: (levels[job.id], job.submitted, job.id))
-        worse = [run for run in state.running.values() if self.level(run.job, now, run.started) == 1]
+        worse = [run for run in state.running.values() if las.level(run.job, now, run.started) == 1]
         plans = 0
         for job in pending:
             level = levels[job.id]

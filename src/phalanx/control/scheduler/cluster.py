@@ -41,20 +41,13 @@ class Cluster:
             Node(f"r{r:02d}n{n:03d}", f"r{r:02d}", gpus_per_node) for r in range(racks) for n in range(nodes_per_rack)
         )
 
-    def copy(self, caps: Mapping[str, int] | None = None) -> Cluster:
-        """The same nodes with their free GPUs now, each at most ``caps[node]`` where given: a view that work
-        can be tried on (a reservation's slack, a preemption's what-if) without touching this one."""
+    def copy(self) -> Cluster:
+        """The same nodes with their free GPUs now: a view that work can be tried on (a round's admissions, a
+        preemption's what-if) without touching this one."""
         view = object.__new__(Cluster)
         view.nodes, view.racks, view.largest = self.nodes, self.racks, self.largest
         view.free, view.by_free = dict(self.free), {k: dict(names) for k, names in self.by_free.items()}
-        for name, cap in (caps or {}).items():
-            view.limit(name, cap)
         return view
-
-    def limit(self, name: str, at_most: int) -> None:
-        """Leave at most ``at_most`` GPUs of ``name`` free in this view."""
-        if at_most < self.free[name]:
-            self._set(name, max(at_most, 0))
 
     @property
     def total_gpus(self) -> int:

@@ -86,14 +86,13 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Wait:
-    """Why a job is still pending, for a person: ``kind`` is one of quota, placement, reservation, preempting,
-    behind; ``behind`` the job it waits for, if one; ``estimated_start`` when known."""
+    """Why a job is still pending, for a person: ``kind`` is one of quota, placement, preempting, behind;
+    ``behind`` the job it waits for, if one."""
 
     job: str
     kind: str
     reason: str
     behind: str | None = None
-    estimated_start: float | None = None
 
 
 @dataclass

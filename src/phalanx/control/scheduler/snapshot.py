@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from phalanx.control.scheduler.cluster import Cluster
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Wait
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.state import State
@@ -21,18 +20,12 @@ class Snapshot:
         self.cohort_held = {c: sum(self.held[t] for t in ts) for c, ts in state.cohorts.items()}
         self.leaving = set(state.leaving)
         self.round = Round()
-        self.views: list[Cluster] = []  # narrower views of the round's cluster (a reservation's slack)
         self.admitted: set[str] = set()
-        self.started: list[tuple[Job, dict[str, int]]] = []  # admitted this round
-        self._shares: dict[str, float] = {}
         self._borrowers: set[str] | None = None  # tenants over their quota when the round's preemption began
-        self._unplaceable: dict[tuple[int, int], int] = {}  # (id of a view, per_worker) -> fewest workers that failed
+        self._unplaceable: dict[int, int] = {}  # per_worker -> the fewest workers that did not fit
 
-    def share(self, tenant: str) -> float:
-        """The tenant's fair-share usage now, in units of its quota (see Usage)."""
-        if tenant not in self._shares:
-            self._shares[tenant] = self.state.usage.share(tenant, self.state.tenants[tenant].nominal_gpus, self.now)
-        return self._shares[tenant]
+    def nominal(self, tenant: str) -> int:
+        return self.state.tenants[tenant].nominal_gpus
 
     # quota ---------------------------------------------------------------------------------------------------
     def quota(self, job: Job) -> tuple[bool, str | None]:
@@ -64,56 +57,34 @@ class Snapshot:
             self._borrowers = {t for t, held in self.held.items() if held > self.state.tenants[t].nominal_gpus}
         return self._borrowers
 
-    def may_borrow(self, tenant: str) -> bool:
-        """Whether ``tenant`` could borrow a single GPU more."""
-        t = self.state.tenants[tenant]
-        if t.cohort is None or self.cohort_held[t.cohort] >= self.cohort_nominal[t.cohort]:
-            return False
-        return t.borrowing_limit is None or self.held[tenant] - t.nominal_gpus < t.borrowing_limit
-
     # placement -----------------------------------------------------------------------------------------------
-    def place(self, job: Job, view: Cluster | None = None) -> Placement | None:
-        """Where the whole gang fits in ``view`` (default: the round's cluster); a shape that did not fit is
-        remembered, since GPUs only get taken within a round."""
-        view = view or self.cluster
-        memo = (id(view), job.per_worker)
-        if job.workers >= self._unplaceable.get(memo, 1 << 30) or (view is self.cluster and job.gpus > self.free):
+    def place(self, job: Job) -> Placement | None:
+        """Where the whole gang fits in the round's cluster; a shape that did not fit is remembered, since GPUs
+        only get taken within a round."""
+        if job.workers >= self._unplaceable.get(job.per_worker, 1 << 30) or job.gpus > self.free:
             return None
-        placement = place(view, job.workers, job.per_worker)
+        placement = place(self.cluster, job.workers, job.per_worker)
         if placement is None:
-            self._unplaceable[memo] = min(job.workers, self._unplaceable.get(memo, 1 << 30))
+            self._unplaceable[job.per_worker] = min(job.workers, self._unplaceable.get(job.per_worker, 1 << 30))
         return placement
 
     def nothing_fits(self) -> bool:
-        return self.free == 0 or self._unplaceable.get((id(self.cluster), 1)) == 1
-
-    def view(self, caps: dict[str, int]) -> Cluster:
-        """A narrower view of the round's cluster, kept narrower as the round admits jobs."""
-        view = self.cluster.copy(caps)
-        self.views.append(view)
-        return view
+        return self.free == 0 or self._unplaceable.get(1) == 1
 
     def seen(self, job: Job) -> bool:
         return job.id in self.round.waits or job.id in self.admitted
 
-    def admit(self, job: Job, placement: Placement, borrowing: bool, on: Cluster | None = None) -> None:
+    def admit(self, job: Job, placement: Placement, borrowing: bool) -> None:
         self.cluster.allocate(placement.gpus)
-        for view in self.views:
-            if view is on:
-                view.allocate(placement.gpus)
-            else:
-                for node in placement.gpus:
-                    view.limit(node, self.cluster.free[node])
         self.admitted.add(job.id)
         self.free -= job.gpus
         self.held[job.tenant] += job.gpus
         if (cohort := self.state.tenants[job.tenant].cohort) is not None:
             self.cohort_held[cohort] += job.gpus
-        self.started.append((job, placement.gpus))
         self.round.admit.append(Admit(job.id, placement.gpus, borrowing))
 
-    def wait(self, job: Job, kind: str, reason: str, behind: str | None = None, at: float | None = None) -> None:
-        self.round.waits[job.id] = Wait(job.id, kind, reason, behind, at)
+    def wait(self, job: Job, kind: str, reason: str, behind: str | None = None) -> None:
+        self.round.waits[job.id] = Wait(job.id, kind, reason, behind)
 
     # preemption ----------------------------------------------------------------------------------------------
     def shortfall(self, job: Job) -> tuple[int, int]:
@@ -163,12 +134,16 @@ class Snapshot:
             if best is not None:
                 return best[1]
         what_if, chosen, own, in_cohort, free = self.cluster.copy(), [], 0, 0, self.free
+        per = job.per_worker
+        slots = sum(gpus // per for gpus in what_if.free.values())  # workers the nodes hold: place() needs enough
         for run in pool:
+            slots -= sum(what_if.free[node] // per for node in run.placement)
             what_if.release(run.placement)
+            slots += sum(what_if.free[node] // per for node in run.placement)
             chosen.append(run)
             own, in_cohort = own + gives(run)[0], in_cohort + gives(run)[1]
             free += run.job.gpus
-            if own < own_needed or in_cohort < cohort_needed or free < job.gpus:
+            if own < own_needed or in_cohort < cohort_needed or free < job.gpus or slots < job.workers:
                 continue
             if where := place(what_if, job.workers, job.per_worker):
                 used = [run for run in chosen if set(run.placement) & set(where.gpus)]

@@ -1,12 +1,13 @@
 """The scheduler's world between rounds: the cluster, the tenants, the running jobs and the queue. The caller
 (the control plane or the simulator) applies each round's decisions through these methods, which keep the
-cluster's free GPUs, each tenant's GPUs held and its fair-share usage consistent."""
+cluster's free GPUs, each tenant's GPUs held, the indexes a round reads (victims by what they would lose,
+each tenant's runs in the order they started and those it borrows, the pending jobs that have run before)
+and the GPU-time given out and asked back consistent."""
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import ClassVar, Protocol
@@ -47,6 +48,10 @@ class Queue:
         """In order. A round only reads the queue; add or remove jobs after iterating, not during."""
         return (self.jobs[entry[-1]] for entry in self._order)
 
+    def entries(self) -> Iterator[tuple[tuple, Job]]:
+        """In order, each with the key it was queued under (its id last)."""
+        return ((entry, self.jobs[entry[-1]]) for entry in self._order)
+
     def of_tenants(self, tenants: Iterable[str]) -> Iterator[Job]:
         """The jobs of these tenants only, in the queue's order."""
         merged = heapq.merge(*(self._tenant.get(t, ()) for t in tenants))
@@ -56,31 +61,8 @@ class Queue:
         return (self.jobs[entry[-1]] for entry in self._tenant.get(tenant, ()))
 
 
-class Usage:
-    """Each tenant's fair-share usage: GPU-seconds, decayed with a half-life, so that what a team used
-    yesterday counts half as much as what it uses now. Kept in O(1) per change: value at ``at`` plus the
-    GPUs held since then."""
-
-    def __init__(self, half_life_s: float):
-        self.half_life_s = half_life_s
-        self._tau = half_life_s / math.log(2)
-        self._at: dict[str, tuple[float, float, int]] = {}  # tenant -> (value, at, GPUs held since)
-
-    def value(self, tenant: str, now: float) -> float:
-        value, at, held = self._at.get(tenant, (0.0, now, 0))
-        decay = math.exp(-(now - at) / self._tau)
-        return value * decay + held * self._tau * (1 - decay)
-
-    def change(self, tenant: str, now: float, held: int) -> None:
-        self._at[tenant] = (self.value(tenant, now), now, held)
-
-    def share(self, tenant: str, nominal_gpus: int, now: float) -> float:
-        """Usage in units of the tenant's quota: 1.0 is a tenant that has held exactly its quota forever."""
-        return self.value(tenant, now) / (self._tau * max(nominal_gpus, 1))
-
-
 class State:
-    def __init__(self, cluster: Cluster, tenants: Iterable[Tenant], queue: Queue, half_life_s: float = 6 * 3600):
+    def __init__(self, cluster: Cluster, tenants: Iterable[Tenant], queue: Queue):
         self.cluster = cluster
         self.tenants: dict[str, Tenant] = {}
         for tenant in tenants:
@@ -88,13 +70,19 @@ class State:
                 raise ValueError(f"tenant {tenant.name!r} is listed twice")
             self.tenants[tenant.name] = tenant
         self.queue = queue
-        self.usage = Usage(half_life_s)
         self.running: dict[str, Run] = {}
+        self.runs_of: dict[str, dict[str, None]] = {t: {} for t in self.tenants}  # each tenant's, in start order
+        self.ran_before: dict[str, None] = {}  # pending jobs that have run (LAS levels change only for these)
         self.held: dict[str, int] = dict.fromkeys(self.tenants, 0)
         self.leaving: set[str] = set()  # running jobs asked to make room
         # GPUs -> [(-last checkpoint, -start, id)], sorted: the victims' index (``cheapest``)
         self._by_checkpoint: dict[int, list[tuple[float, float, str]]] = {}
         self.first: dict[str, None] = {}  # jobs whose victims have left: they take the room made for them
+        self._borrowed: dict[str, set[str]] = {}  # tenant -> its borrowed runs (``borrowed``), while still true
+        # GPU-seconds given out, and the GPUs (and their squares: a commit grows with its size) of the runs asked
+        # to leave for another job: what a policy's preemption budget is measured against
+        self._given_gpu_s, self._given_at, self._held_total = 0.0, None, 0
+        self.evicted_gpus, self.evicted_gpus_sq = 0, 0
         self.cohorts: dict[str, list[str]] = {}
         for tenant in self.tenants.values():
             if tenant.cohort is not None:
@@ -106,6 +94,8 @@ class State:
         if job.id in self.running:
             raise ValueError(f"job {job.id!r} is running; it cannot be queued again")
         self.queue.add(job)
+        if job.ran:
+            self.ran_before[job.id] = None
 
     def start(self, job_id: str, placement: Mapping[str, int], now: float) -> Run:
         job = self.queue.jobs.get(job_id)
@@ -116,14 +106,24 @@ class State:
         self.cluster.allocate(placement)
         self.queue.remove(job_id)
         self.first.pop(job_id, None)
+        self.ran_before.pop(job_id, None)
         run = self.running[job_id] = Run(job, dict(placement), now, last_checkpoint=now)
+        self.runs_of[job.tenant][job_id] = None
         self._index(run, add=True)
         self._hold(job.tenant, job.gpus, now)
         return run
 
     def ask_to_evict(self, job_id: str, for_job: str) -> None:
-        self.running[job_id] = replace(self.running[job_id], evicting_for=for_job)
+        """Ask a run to checkpoint and leave: for job ``for_job``, or cancelled ("")."""
+        run = self.running[job_id] = replace(self.running[job_id], evicting_for=for_job)
         self.leaving.add(job_id)
+        if for_job:
+            self.evicted_gpus += run.job.gpus
+            self.evicted_gpus_sq += run.job.gpus**2
+
+    def gpu_s_given(self, now: float) -> float:
+        """GPU-seconds held by runs, in all, until ``now``."""
+        return self._given_gpu_s + self._held_total * (now - self._given_at) if self._given_at is not None else 0.0
 
     def checkpointed(self, job_id: str, at: float) -> None:
         self._index(self.running[job_id], add=False)
@@ -135,10 +135,12 @@ class State:
         checkpoint + a restart), the most recently started among equals. Lazy: a round that needs a few
         victims reads a few, from an index kept per job size (within a size, the order does not change with
         time)."""
-        streams = [
-            ((gpus * (now + restart_s + neg_ckpt), neg_start, job_id) for neg_ckpt, neg_start, job_id in by_size)
-            for gpus, by_size in self._by_checkpoint.items()
-        ]
+
+        def costs(gpus: int, by_size: list[tuple[float, float, str]]) -> Iterator[tuple[float, float, str]]:
+            # a function of its own: a generator expression would read ``gpus`` late, every stream the last one's
+            return ((gpus * (now + restart_s + neg_ckpt), neg_start, job_id) for neg_ckpt, neg_start, job_id in by_size)
+
+        streams = [costs(gpus, by_size) for gpus, by_size in self._by_checkpoint.items()]
         return (self.running[entry[-1]] for entry in heapq.merge(*streams))
 
     def stop(self, job_id: str, now: float) -> Run:
@@ -146,6 +148,7 @@ class State:
         run = self.running.pop(job_id)
         self._index(run, add=False)
         self.leaving.discard(job_id)
+        del self.runs_of[run.job.tenant][job_id]
         self.cluster.release(run.placement)
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run
@@ -163,6 +166,7 @@ class State:
             ran=(*run.job.ran, (run.started, now)),
         )
         self.queue.add(job)
+        self.ran_before[job.id] = None
         if by in self.queue.jobs and not any(self.running[r].evicting_for == by for r in self.leaving):
             self.first[by] = None  # its last victim has left
         return job
@@ -170,6 +174,7 @@ class State:
     def withdraw(self, job_id: str) -> Job:
         """A pending job leaves the queue for good (cancelled)."""
         self.first.pop(job_id, None)
+        self.ran_before.pop(job_id, None)
         return self.queue.remove(job_id)
 
     def _index(self, run: Run, add: bool) -> None:
@@ -180,9 +185,25 @@ class State:
         else:
             del runs[bisect.bisect_left(runs, entry)]
 
+    def borrowed(self, tenant: str) -> set[str]:
+        """The tenant's runs beyond its nominal quota: the latest started hold what it borrows (so a tenant
+        within its quota borrows nothing, and its runs stay its own while it does). Kept until the tenant's
+        runs change: a round reads it for every victim it considers."""
+        if (found := self._borrowed.get(tenant)) is None:
+            over, found = self.held[tenant] - self.tenants[tenant].nominal_gpus, set()
+            for run_id in reversed(self.runs_of[tenant]):
+                if over <= 0:
+                    break
+                found.add(run_id)
+                over -= self.running[run_id].job.gpus
+            self._borrowed[tenant] = found
+        return found
+
     def _hold(self, tenant: str, gpus: int, now: float) -> None:
+        self._given_gpu_s = self.gpu_s_given(now)
+        self._given_at, self._held_total = now, self._held_total + gpus
         self.held[tenant] += gpus
-        self.usage.change(tenant, now, self.held[tenant])
+        self._borrowed.pop(tenant, None)
 
 
 class Policy(Protocol):

@@ -6,8 +6,10 @@ is a bug."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from phalanx.control.server import auth, inputs, lifecycle
 from phalanx.control.server.deps import Server
 from phalanx.control.server.lifecycle import Conflict
+from phalanx.control.server.metrics import REQUEST_SECONDS
 from phalanx.control.server.routes import auth as auth_routes
 from phalanx.control.server.routes import dashboard, jobs, tenants
 from phalanx.control.store import Ambiguous, Forbidden, NotFound
@@ -40,7 +43,33 @@ def create_app(server: Server) -> FastAPI:
     for resource in (auth_routes, tenants, jobs, dashboard):
         app.include_router(resource.router)
     app.mount("/ui", StaticFiles(directory=UI, html=True), name="ui")
+    app.add_middleware(_Timed)
     return app
+
+
+class _Timed:
+    """Each HTTP request's latency into ``phalanx_http_request_duration_seconds``, by its route's template (one
+    series per route, whatever the ids in the path), its method and status. Plain ASGI: it neither buffers a
+    response nor touches the WebSocket."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        began, status = time.perf_counter(), [500]
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            REQUEST_SECONDS.labels(route, scope["method"], str(status[0])).observe(time.perf_counter() - began)
 
 
 def _errors(app: FastAPI) -> None:

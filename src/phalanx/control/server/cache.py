@@ -6,7 +6,6 @@ cluster's capacity or the tenants changed, or a round failed."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +30,8 @@ class Stale(Exception):
 
 
 class Cache:
-    def __init__(self, policy: core.Policy, half_life_s: float):
-        self.policy, self.half_life_s = policy, half_life_s
+    def __init__(self, policy: core.Policy):
+        self.policy = policy
         self.state: core.State | None = None
         self.nodes: list[core.Node] = []
         self.predictor = core.DurationPredictor()
@@ -42,10 +41,10 @@ class Cache:
     # --- built from the store
     def load(self, s: Session, nodes: list[core.Node], now: float) -> core.State:
         """The state from the store: the tenants, the running jobs where they run (their last committed
-        checkpoints read from their run directories), the queue, fair-share usage, and the jobs that take
-        the room made for them first."""
+        checkpoints read from their run directories), the queue, and the jobs that take the room made for them
+        first."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
-        state = core.State(core.Cluster(nodes), self._tenants(s), core.Queue(self.policy.key), self.half_life_s)
+        state = core.State(core.Cluster(nodes), self._tenants(s), core.Queue(self.policy.key))
         self.predictor = self._history(s)
         ran = self._ran(s)
         active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
@@ -60,7 +59,6 @@ class Cache:
                     state.checkpointed(job.id, committed[-1])
             if job.evicting_for is not None or job.cancel_requested:
                 state.ask_to_evict(job.id, job.evicting_for or "")
-        state.usage = self._usage(s, now)
         pending = s.execute(select(*_QUEUED).where(Job.state == JobState.PENDING).order_by(Job.seq)).all()
         for job in pending:
             state.submit(self._core_job(job, ran))
@@ -101,20 +99,6 @@ class Cache:
         for seq, started, ended in rows:
             ran[seq] = (*ran.get(seq, ()), (started, ended))
         return ran
-
-    def _usage(self, s: Session, now: float) -> core.Usage:
-        """Fair-share usage replayed from the executions of the last few half-lives."""
-        changes: list[tuple[float, str, int]] = []
-        horizon = now - 5 * self.half_life_s
-        for e in s.scalars(select(Execution).where(Execution.ended_at.is_(None) | (Execution.ended_at > horizon))):
-            changes.append((e.started_at, e.tenant, e.gpus))
-            if e.ended_at is not None:
-                changes.append((e.ended_at, e.tenant, -e.gpus))
-        usage, held = core.Usage(self.half_life_s), defaultdict(int)
-        for at, tenant, gpus in sorted(changes):
-            held[tenant] += gpus
-            usage.change(tenant, at, held[tenant])
-        return usage
 
     def _core_job(self, job, ran: dict[int, tuple[tuple[float, float], ...]] | None = None) -> core.Job:
         """A job row as the scheduler sees it, its duration predicted from the history the cache has now."""

@@ -8,6 +8,8 @@ in the same transaction as the change, so a job's history is complete whatever c
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ from sqlalchemy.orm import Session
 from phalanx.control.store import FINAL, Job, JobState, Role, Scope, Transition
 from phalanx.launch.preflight import preflight
 from phalanx.spec import JobSpec, SpecError, SpecIssue, dump_spec, parse_spec
+
+log = logging.getLogger("phalanx.server")
 
 _NEXT: dict[JobState, set[JobState]] = {
     JobState.PENDING: {JobState.ADMITTED, JobState.CANCELLED},
@@ -41,15 +45,22 @@ def move(session: Session, job: Job, to: JobState, cause: str, now: float) -> No
     job.state, job.reason = to, cause
     if to in FINAL:
         job.ended_at = now
+    _record(session, job, before, to, cause, now)
+
+
+def _record(session: Session, job: Job, before: JobState | None, to: JobState, cause: str, now: float) -> None:
+    """The transition's row, and a line in the server's log: a job's life can be read there too."""
     session.add(Transition(job=job.seq, at=now, from_state=before, to_state=to, cause=cause))
+    log.info("job %s (%s, tenant %s): %s -> %s: %s", job.id, job.name, job.tenant, before or "new", to, cause)
 
 
 @dataclass(frozen=True)
 class Submission:
-    spec: str  # the job spec, YAML as in a file
+    spec: str | None  # the job spec, YAML as in a file (None: the spec of the job it resumes from)
     priority: int
     tenant: str | None
-    workdir: str
+    workdir: str | None  # None: the resumed job's, or the server's
+    resume_from: str | None = None  # a job that ended: the new one goes on from its checkpoints
 
 
 def gang_shape(spec: JobSpec) -> tuple[int, int]:
@@ -59,15 +70,26 @@ def gang_shape(spec: JobSpec) -> tuple[int, int]:
 
 
 def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: float) -> Job:
-    """Validate and queue a job. Raises SpecError (every issue, with its field path), NotFound for a tenant
-    the caller cannot see, Forbidden for a viewer."""
+    """Validate and queue a job, new or going on from a job that ended (``resume_from``: its checkpoints, and
+    by default its spec and directory). Raises SpecError (every issue, with its field path), NotFound for a
+    tenant or job the caller cannot see, Forbidden for a viewer, Conflict for resuming a job still going."""
     who = scope.who
-    if sub.tenant is None and who.tenant is None:
+    before = scope.job(sub.resume_from) if sub.resume_from is not None else None  # another tenant's: not found
+    name = sub.tenant or (before.tenant if before is not None else who.tenant)
+    if name is None:
         raise Invalid("tenant: an admin belongs to no tenant; name the tenant to submit to")
-    tenant = scope.tenant(sub.tenant or who.tenant)  # first: another tenant's is not found, whatever the role
+    tenant = scope.tenant(name)  # first: another tenant's is not found, whatever the role
     scope.require(Role.TENANT_ADMIN, Role.MEMBER, action="submitting a job")
-    spec = parse_spec(sub.spec, source="the submitted spec")
-    preflight(spec, sub.workdir)
+    if before is not None and before.tenant != tenant.name:
+        raise Invalid(f"resume_from: job {before.id} is tenant {before.tenant}'s; resume it in that tenant")
+    if before is None and sub.spec is None:
+        raise Invalid("spec: give the job spec, or resume_from: a job to go on from")
+    text = sub.spec if sub.spec is not None else before.spec  # type: ignore[union-attr]
+    workdir = sub.workdir or (before.workdir if before is not None else os.getcwd())
+    spec = parse_spec(text, source="the submitted spec")
+    if before is not None:
+        spec = _resuming(spec, before)
+    preflight(spec, workdir)
     workers, per_worker = gang_shape(spec)
     if workers * per_worker > capacity:
         raise SpecError(
@@ -85,7 +107,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         owner=who.key,
         name=spec.name,
         spec=dump_spec(spec),
-        workdir=sub.workdir,
+        workdir=workdir,
         priority=sub.priority,
         total_steps=spec.train.steps if spec.train is not None else None,
         nodes=spec.resources.nodes,
@@ -100,12 +122,31 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         cancel_requested=False,
         preemptions=0,
         preempted_by=[],
+        resumed_from=before.id if before is not None else None,
     )
     scope.session.add(job)
     scope.session.flush()  # its seq
     cause = f"submitted by {who.user} with priority {sub.priority}"
-    scope.session.add(Transition(job=job.seq, at=now, from_state=None, to_state=JobState.PENDING, cause=cause))
+    if before is not None:
+        cause += f", going on from job {before.id}'s checkpoints ({spec.checkpoint.dir})"
+    _record(scope.session, job, None, JobState.PENDING, cause, now)
     return job
+
+
+def _resuming(spec: JobSpec, before: Job) -> JobSpec:
+    """``spec``, reading and writing ``before``'s checkpoints, so that it starts from the newest valid one (a
+    recipe, or a script that loads ``ctx.checkpoint_location()``'s newest)."""
+    if before.state not in FINAL:
+        raise Conflict(f"job {before.id} is {before.state}: resume from a job that ended (cancel it first)")
+    if before.checkpoint_dir is None:
+        raise Invalid(f"resume_from: job {before.id} has no checkpoint location to go on from")
+    if spec.checkpoint.dir is not None and spec.checkpoint.dir != before.checkpoint_dir:
+        raise SpecError(
+            "the submitted spec",
+            [SpecIssue("checkpoint.dir", f"{spec.checkpoint.dir!r}: the job goes on from job {before.id}'s "
+                       f"checkpoints in {before.checkpoint_dir!r}; leave checkpoint.dir out, or give that")],
+        )  # fmt: skip
+    return spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"dir": before.checkpoint_dir})})
 
 
 def cancel(scope: Scope, job: Job, now: float) -> bool:

@@ -26,6 +26,7 @@ from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, Launch, Phase, Status
 from phalanx.control.server.cache import Cache, Stale
 from phalanx.control.server.lifecycle import move
+from phalanx.control.server.metrics import ROUND_SECONDS
 from phalanx.control.store import Execution, Job, JobState, Store
 from phalanx.obs.digest import digest
 from phalanx.obs.rundir import RunDir
@@ -42,13 +43,12 @@ class Controller:
         executor: Executor,
         policy: core.Policy | None = None,
         tick_s: float = 0.5,
-        half_life_s: float = 6 * 3600,
         clock: Callable[[], float] = time.time,
     ):
         self.store, self.executor = store, executor
-        self.policy = policy or core.PredictiveBackfill()
+        self.policy = policy or core.PredictiveLas()
         self.tick_s, self.clock = tick_s, clock
-        self.cache = Cache(self.policy, half_life_s)
+        self.cache = Cache(self.policy)
         self.wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -163,14 +163,17 @@ class Controller:
         if status.phase is Phase.RUNNING:
             return Observed(status, checkpoints)
         said = digest(RunDir(status.run_dir)) if status.run_dir is not None else None
-        productive_s = said.ledger.seconds["productive"] if said is not None else None
-        return Observed(status, checkpoints, productive_s, _newest_checkpoint(job))
+        if said is None:
+            return Observed(status, checkpoints, checkpoint_step=_newest_checkpoint(job))
+        productive_s = said.ledger.seconds["productive"]
+        return Observed(status, checkpoints, productive_s, _newest_checkpoint(job), said.steps_done)
 
     def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> tuple:
         """Record the end of the job's execution; returns it for the cache: (job, how, held seconds, cause)."""
         status = seen.status
         execution.ended_at, execution.outcome = now, status.outcome or "lost"
         execution.productive_s = seen.productive_s
+        job.steps_done = seen.steps_done if seen.steps_done is not None else job.steps_done
         job.handle, job.placement = None, None
         how = "gone"
         if status.phase is Phase.EXITED and status.outcome == "succeeded":
@@ -213,6 +216,10 @@ class Controller:
         after the commit), with each pending job's reason where it changed. A job cancelled since the cache
         was synced is left alone."""
         state = self.cache.state
+        with ROUND_SECONDS.time():
+            self._round(state, now)
+
+    def _round(self, state: core.State, now: float) -> None:
         decided = self.policy.schedule(state, now)
         with self.store.write() as s:
             core.apply(decided, state, _Recorder(s), now)
@@ -220,8 +227,6 @@ class Controller:
             for job in state.queue:
                 why = decided.why(job.id)
                 text = f"{why.kind}: {why.reason}"  # stable across rounds: rewritten only when it changes
-                if why.estimated_start is not None:
-                    text += f" (estimated start in {max(0.0, why.estimated_start - now):.0f} s)"
                 if self.cache.reasons.get(job.id) != text:
                     reasons[job.id] = self.cache.reasons[job.id] = text
             if reasons:  # one statement for many rows (executemany)
@@ -289,12 +294,13 @@ class Controller:
 class Observed:
     """What the loop found of a running job with no transaction open: its status, when the checkpoints it
     committed since the last look did, and once it ended, what its run left (productive seconds, from its
-    goodput ledger; the newest committed checkpoint's step)."""
+    goodput ledger; the newest committed checkpoint's step; the steps it had done)."""
 
     status: Status
     checkpoints: list[float]
     productive_s: float | None = None
     checkpoint_step: int | None = None
+    steps_done: int | None = None
 
     def says_more(self, job: Job) -> bool:
         """What the cluster says of a running job (pending in its queue, running where, requeued) is new, and

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
 from phalanx.control.server import auth
 from phalanx.control.server.app import create_app
@@ -34,6 +35,11 @@ class Settings:
     executor: str = "local"  # local | slurm
     slurm_partition: str | None = None  # the slurm executor's partition, for jobs whose spec names none
     max_token_s: float = MAX_TOKEN_S  # the longest a token may live, whoever makes it
+    # what a preemption costs on this cluster, the scheduler's cost model (core.PredictiveLas): a restart, and
+    # the emergency checkpoint's commit in commit_s + commit_s_per_gpu x GPUs
+    restart_s: float = 60.0
+    commit_s: float = 20.0
+    commit_s_per_gpu: float = 1.25
 
     @property
     def database_url(self) -> str:
@@ -68,7 +74,10 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     jobs_dir = settings.data_dir.absolute() / "jobs"
     executor = executor or make_executor(settings, jobs_dir)
     token = bootstrap(store)
-    controller = Controller(store, executor, tick_s=settings.tick_s)
+    policy = core.PredictiveLas(
+        restart_s=settings.restart_s, commit_s=settings.commit_s, commit_s_per_gpu=settings.commit_s_per_gpu
+    )
+    controller = Controller(store, executor, policy, tick_s=settings.tick_s)
     capacity = sum(node.gpus for node in executor.capacity())
     return Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s), controller, token
 
@@ -77,16 +86,24 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     server, controller, token = build(settings)
-    if token is not None:
-        if settings.admin_token_file is not None:
-            fd = os.open(settings.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
-            log.warning("new database: the admin's token is in %s (shown once)", settings.admin_token_file)
-        else:
-            print(f"new database: the admin's token, shown once: {token}", flush=True)
+    url = f"http://{settings.host}:{settings.port}"
+    login = f"phalanx login {url} --token "
+    if token is not None and settings.admin_token_file is not None:
+        fd = os.open(settings.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        login += f"$(cat {settings.admin_token_file})"
+        said = f"new database: the admin's token is in {settings.admin_token_file} (shown once)"
+    elif token is not None:
+        login += token
+        said = f"new database: the admin's token, shown once:\n\n    {token}"
+    else:
+        login += "<your token>"
+        said = "the database has users: log in with your token"
+    # after the migrations' lines and before the web server's, so that it is not buried in them
+    print(f"\n{said}\n\nnext:      {login}\ndashboard: {url}/ui/\n", flush=True)
     controller.start()
-    # Everything imported so far (torch included: hundreds of thousands of objects) lives as long as the server:
+    # Everything imported so far (hundreds of thousands of objects) lives as long as the server:
     # out of the garbage collector's sight, a full collection no longer stalls requests for a tenth of a second.
     gc.freeze()
     try:

@@ -48,6 +48,7 @@ class TenantOut(Out):
     cohort: str | None
     borrowing_limit: int | None
     created_at: float
+    warning: str | None = Field(default=None, description="what may not be what was meant (a create or update)")
 
 
 class UserIn(In):
@@ -89,12 +90,17 @@ class TokenCreated(TokenOut):
 
 
 class SubmitIn(In):
-    spec: Annotated[str, Field(min_length=1, max_length=MAX_SPEC_CHARS)] = Field(description="the job spec, as YAML")
+    spec: Annotated[str, Field(min_length=1, max_length=MAX_SPEC_CHARS)] | None = Field(
+        default=None, description="the job spec, as YAML; with resume_from, default: that job's"
+    )
     priority: Annotated[int, Field(ge=-1000, le=1000)] = Field(default=0, description="higher runs first")
     tenant: Name | None = Field(default=None, description="the tenant to run under (default: the caller's)")
     workdir: Annotated[str, Field(pattern=r"^/[^\x00]{0,4095}$")] | None = Field(
         default=None,
         description="absolute directory the job runs in (relative paths in the spec); default: the server's",
+    )
+    resume_from: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None, description="a job that ended: the new one goes on from its checkpoints"
     )
 
 
@@ -114,6 +120,36 @@ class JobOut(Out):
     placement: dict[str, int] | None
     steps_done: int | None = Field(default=None, description="steps done, as the job last reported")
     total_steps: int | None = None
+    resumed_from: str | None = Field(default=None, description="the job whose checkpoints this one went on from")
+
+
+class Restart(BaseModel):
+    execution: int
+    at: float
+    in_process: bool = Field(description="a warm spare took the failed rank's place; else every rank restarted")
+    category: str = Field(description="crash, hang, node_lost, ...")
+    cause: str
+    resumed_from: int | None = Field(description="the steps done when training went on: its checkpoint's step")
+
+
+class Stop(BaseModel):
+    """A stop asked from outside (preemption, cancel): the emergency checkpoint it saved first."""
+
+    execution: int
+    at: float
+    checkpoint_step: int
+
+
+class JobStory(BaseModel):
+    """What happened to a job, from its runs: each restart with its cause and the step it resumed from, each
+    emergency checkpoint, where each execution after the first began, and how far it got."""
+
+    restarts: list[Restart]
+    stops: list[Stop]
+    resumed: dict[int, int] = Field(description="execution -> the steps done when it began (after the first)")
+    steps_done: int | None
+    last_loss: float | None
+    goodput: float | None = Field(description="productive time / the executions' wall time (not the queued time)")
 
 
 class TransitionOut(Out):
@@ -129,7 +165,7 @@ class JobEvents(BaseModel):
 
 
 class LogChunk(BaseModel):
-    rank: int
+    rank: int | None = Field(description="None: the supervisor's log")
     execution: int | None = Field(description="the execution this chunk is from; None: none has a log yet")
     latest: int | None = Field(description="the job's latest execution with a run directory")
     offset: int

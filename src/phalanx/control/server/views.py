@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.checkpoint import CheckpointDir
-from phalanx.control.server.models import LogChunk, Usage, UsageReport
+from phalanx.control.server.models import JobStory, LogChunk, Restart, Stop, Usage, UsageReport
 from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope
 from phalanx.obs.digest import digest
-from phalanx.obs.events import read_jsonl
-from phalanx.obs.goodput import CATEGORIES
+from phalanx.obs.events import RESTARTS, Event, read_jsonl
+from phalanx.obs.goodput import CATEGORIES, read_run
 from phalanx.obs.rundir import RunDir
 
 LOG_CHUNK = 1 << 20
@@ -35,15 +35,18 @@ def progress(job: Job, runs: list[tuple[int, RunDir]]) -> tuple[int | None, int 
     return None, total
 
 
-def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int, execution: int | None, offset: int) -> LogChunk:
-    """Up to 1 MiB of ``rank``'s log in one execution (default: the latest), from byte ``offset``."""
+def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int | None, execution: int | None, offset: int) -> LogChunk:
+    """Up to 1 MiB of ``rank``'s log (None: the supervisor's) in one execution (default: the latest), from byte
+    ``offset``."""
     latest = runs[-1][0] if runs else None
     execution = latest if execution is None else execution
     run = dict(runs).get(execution) if execution is not None else None
     if run is None and execution is not None and execution != latest:
         raise NotFound("execution", execution)
+    if rank is not None and rank >= job.gpus:
+        raise NotFound("rank", rank, f"job {job.id} has {job.gpus} rank(s): 0 to {job.gpus - 1}")
     ranks = log_ranks(run)
-    path = run.log(rank) if run is not None else None
+    path = None if run is None else run.supervisor_log if rank is None else run.log(rank)
     size = path.stat().st_size if path is not None and path.is_file() else 0
     data = b""
     if path is not None and offset < size:
@@ -82,6 +85,32 @@ def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
             total[name] += seconds
     wall = sum(p["wall_s"] for p in per)
     return {"executions": per, "wall_s": wall, "goodput": total["productive"] / wall if wall else 0.0, "seconds": total}
+
+
+def story(runs: list[tuple[int, RunDir]]) -> JobStory:
+    """The job's restarts, emergency checkpoints and resumptions, from its runs' events and rank 0's steps (a
+    step record's ``step`` counts from 0, so the first one after a resumption is the steps done before it)."""
+    restarts, stops, resumed, last = [], [], {}, None
+    for n, run in runs:
+        events, metrics = read_run(run)
+        for e in events:
+            if e["kind"] in RESTARTS:
+                after = next((m["step"] for m in metrics if m["ts"] > e["ts"]), None)
+                cause = e.get("cause") or e.get("reason", "")
+                in_process = e["kind"] == Event.RECOVERY_STARTED
+                category = e.get("category", "crash")
+                restarts.append(Restart(execution=n, at=e["ts"], in_process=in_process, category=category,
+                                        cause=cause, resumed_from=after))  # fmt: skip
+            elif e["kind"] == Event.PREEMPTED:
+                stops.append(Stop(execution=n, at=e["ts"], checkpoint_step=e["step"]))
+        if metrics and n != runs[0][0]:
+            resumed[n] = metrics[0]["step"]
+        last = metrics[-1] if metrics else last
+    ledger = goodput(runs)
+    return JobStory(
+        restarts=restarts, stops=stops, resumed=resumed, steps_done=last["step"] + 1 if last else None,
+        last_loss=last.get("loss") if last else None, goodput=ledger["goodput"] if ledger["wall_s"] else None,
+    )  # fmt: skip
 
 
 def checkpoints(job: Job) -> list[dict[str, Any]]:

@@ -4,12 +4,13 @@ placement and costs, and each tenant also alone on its quota (finish-time fairne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from phalanx.control.scheduler import POLICIES, Cluster, Tenant, place
+from phalanx.control.scheduler import POLICIES, Cluster, Policy, Tenant, place
 from phalanx.control.sim.simulator import PreemptionCosts, Replayed, alone_cluster, simulate, split_gpus
 from phalanx.control.sim.trace import TraceJob, philly, quotas
 
@@ -46,6 +47,15 @@ class Replay:
     alone_jct: dict[str, float]
 
 
+def told(name: str, costs: PreemptionCosts) -> Policy:
+    """The policy ``name``, told what a preemption costs when it models that (phalanx's does, as its server is
+    told with --restart-s and --commit-s): an operator knows their cluster's restart and commit times."""
+    policy = POLICIES[name]()
+    fields = {f.name for f in dataclasses.fields(policy)}  # type: ignore[arg-type]
+    costs_of = {"restart_s": costs.restart_s, "commit_s": costs.commit_s, "commit_s_per_gpu": costs.commit_s_per_gpu}
+    return replace(policy, **{k: v for k, v in costs_of.items() if k in fields})  # type: ignore[type-var]
+
+
 def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Replayed:
     """One replay: the whole cluster, or only tenant ``alone``'s jobs on a cluster of its quota."""
     if alone is None:
@@ -57,7 +67,21 @@ def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Te
             j for j in jobs if j.tenant == alone and place(cluster, *split_gpus(j.gpus, cluster.largest)) is not None
         ]
         tenants = [replace(quota, cohort=None)]
-    return simulate(POLICIES[policy](), jobs, cluster, tenants, scenario.costs, scenario.seed)
+    return simulate(told(policy, scenario.costs), jobs, cluster, tenants, scenario.costs, scenario.seed)
+
+
+def carried(jobs: Sequence[TraceJob], tenants: Sequence[Tenant]) -> list[str]:
+    """The tenants whose quota can carry their jobs alone: GPU-time within quota x the window (from the first
+    submit to the last). Alone on a quota that cannot, a tenant's backlog grows for the whole replay, its jobs
+    would wait weeks alone, and its replay would take hours: its jobs count as those that cannot run alone
+    (rho <= 1, report.py)."""
+    if not jobs:
+        return []
+    window_s = max(1.0, jobs[-1].submit_s - jobs[0].submit_s)
+    work: dict[str, float] = {}
+    for job in jobs:
+        work[job.tenant] = work.get(job.tenant, 0.0) + job.gpus * job.duration_s
+    return [t.name for t in tenants if t.name in work and 0 < work[t.name] <= t.nominal_gpus * window_s]
 
 
 def replay(scenario: Scenario, policies: Sequence[str], workers: int = 2) -> dict[str, Replay]:
@@ -66,17 +90,15 @@ def replay(scenario: Scenario, policies: Sequence[str], workers: int = 2) -> dic
     if unknown:
         raise ValueError(f"unknown polic(ies) {unknown}; known: {sorted(POLICIES)}")
     jobs, tenants = scenario.jobs()
-    present = sorted({job.tenant for job in jobs})
-    nominal = {t.name: t.nominal_gpus for t in tenants}
-    tasks = [(p, None) for p in policies] + [(p, t) for p in policies for t in present if nominal[t] > 0]
+    alone = carried(jobs, tenants)
+    tasks = [(p, None) for p in policies] + [(p, t) for p in policies for t in alone]
     with ProcessPoolExecutor(workers) as pool:
         futures = {task: pool.submit(_one, task[0], scenario, jobs, tenants, task[1]) for task in tasks}
         results = {task: future.result() for task, future in futures.items()}
     out = {}
     for policy in policies:
-        alone = {}
-        for tenant in present:
-            if (policy, tenant) in results:
-                alone.update({r.id: r.jct for r in results[policy, tenant].records.values()})
-        out[policy] = Replay(results[policy, None], alone)
+        jcts = {}
+        for tenant in alone:
+            jcts.update({r.id: r.jct for r in results[policy, tenant].records.values()})
+        out[policy] = Replay(results[policy, None], jcts)
     return out

@@ -35,9 +35,10 @@ class Role(enum.StrEnum):
 
 
 class NotFound(LookupError):
-    def __init__(self, kind: str, key: object):
+    def __init__(self, kind: str, key: object, valid: str = ""):
+        """``valid``: what the client could have asked for instead, in words."""
         self.kind, self.key = kind, key
-        super().__init__(f"{kind} {excerpt(key)} not found")
+        super().__init__(f"{kind} {excerpt(key)} not found" + (f"; {valid}" if valid else ""))
 
 
 class Forbidden(PermissionError):

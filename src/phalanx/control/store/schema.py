@@ -93,6 +93,8 @@ class Job(Base):
     total_steps: Mapped[int | None] = mapped_column(Integer)  # the recipe's; None: a script, which reports its own
     nodes: Mapped[int] = mapped_column(Integer, server_default="1")  # spares not counted
     checkpoint_dir: Mapped[str | None] = mapped_column(Text)  # a path or a URL
+    steps_done: Mapped[int | None] = mapped_column(Integer)  # as its last execution ended: the list reads no run
+    resumed_from: Mapped[str | None] = mapped_column(String(32))  # the job whose checkpoints it went on from
     workers: Mapped[int] = mapped_column(Integer)  # the gang: workers x (gpus / workers) GPUs each
     gpus: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))

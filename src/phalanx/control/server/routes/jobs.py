@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Annotated, Any
 
@@ -10,7 +9,7 @@ from fastapi import Query
 
 from phalanx.control.server import lifecycle, views
 from phalanx.control.server.deps import MAX_INT, ServerDep, Token
-from phalanx.control.server.models import JobEvents, JobOut, LogChunk, SubmitIn, TransitionOut
+from phalanx.control.server.models import JobEvents, JobOut, JobStory, LogChunk, SubmitIn, TransitionOut
 from phalanx.control.server.routes import router as _router
 from phalanx.control.store import ACTIVE, Job, JobState, Scope
 
@@ -20,7 +19,7 @@ router = _router()
 @router.post("/api/v1/jobs", status_code=201, tags=["jobs"])
 def submit_job(body: SubmitIn, server: ServerDep, token: Token) -> JobOut:
     with server.scope(token, write=True) as caller:
-        submission = lifecycle.Submission(body.spec, body.priority, body.tenant, body.workdir or os.getcwd())
+        submission = lifecycle.Submission(body.spec, body.priority, body.tenant, body.workdir, body.resume_from)
         job = lifecycle.submit(caller, submission, server.jobs_dir, server.capacity, time.time())
         queued = _job_out(caller, job, detail=False)
     server.wake()  # after the commit: the loop must see the job
@@ -66,10 +65,11 @@ def job_logs(
     rank: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
     execution: Annotated[int | None, Query(ge=1, le=MAX_INT, description="default: the latest")] = None,
     offset: Annotated[int, Query(ge=0, le=2**62, description="bytes already read")] = 0,
+    supervisor: Annotated[bool, Query(description="the supervisor's log (its lines, progress, summary)")] = False,
 ) -> LogChunk:
     with server.scope(token) as caller:
         job = caller.job(job_id)
-        return views.logs(job, views.run_dirs(caller, job), rank, execution, offset)
+        return views.logs(job, views.run_dirs(caller, job), None if supervisor else rank, execution, offset)
 
 
 @router.get("/api/v1/jobs/{job_id}/events", tags=["jobs"])
@@ -92,6 +92,13 @@ def job_goodput(job_id: str, server: ServerDep, token: Token) -> dict[str, Any]:
     with server.scope(token) as caller:
         job = caller.job(job_id)
         return views.goodput(views.run_dirs(caller, job))
+
+
+@router.get("/api/v1/jobs/{job_id}/story", tags=["jobs"])
+def job_story(job_id: str, server: ServerDep, token: Token) -> JobStory:
+    with server.scope(token) as caller:
+        job = caller.job(job_id)
+        return views.story(views.run_dirs(caller, job))
 
 
 @router.get("/api/v1/jobs/{job_id}/checkpoints", tags=["jobs"])

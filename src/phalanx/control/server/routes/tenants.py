@@ -31,7 +31,7 @@ def create_tenant(body: TenantIn, server: ServerDep, token: Token) -> TenantOut:
             raise Conflict(f"tenant {body.name!r} already exists")
         tenant = Tenant(**body.model_dump(), created_at=time.time())
         caller.add(tenant)
-        created = TenantOut.model_validate(tenant)
+        created = _checked(TenantOut.model_validate(tenant), server.capacity)
     server.wake()
     return created
 
@@ -49,9 +49,19 @@ def update_tenant(name: str, body: TenantPatch, server: ServerDep, token: Token)
         caller.require_admin(f"changing tenant {name}'s quota")
         for field, value in body.model_dump(exclude_unset=True).items():
             setattr(tenant, field, value)
-        changed = TenantOut.model_validate(tenant)
+        changed = _checked(TenantOut.model_validate(tenant), server.capacity)
     server.wake()
     return changed
+
+
+def _checked(tenant: TenantOut, capacity: int) -> TenantOut:
+    """A quota larger than the whole cluster is kept (the cluster may grow), with a warning."""
+    if tenant.nominal_gpus > capacity:
+        tenant.warning = (
+            f"tenant {tenant.name}'s quota of {tenant.nominal_gpus} GPUs is more than the cluster's {capacity}: "
+            "it can never hold all of it"
+        )
+    return tenant
 
 
 @router.get("/api/v1/quota", tags=["tenants"])
