@@ -54,7 +54,7 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     wait_for(bob, hidden, {"SUCCEEDED"})  # done: the two slots are alice's
     token = server.admin.create_token("browser", "alice")["token"]
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
     received: list[str] = []  # every API answer and live message the page got
     page.on("response", lambda r: received.append(r.text()) if "/api/v1/" in r.url else None)
     page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(str(frame))))
@@ -84,7 +84,7 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     chaos = [sys.executable, "-m", "phalanx", "chaos", str(run), "kill", "--rank", "1"]
     subprocess.run(chaos, check=True, capture_output=True, cwd=REPO, timeout=120)
     page.wait_for_selector("#restarts li[data-cause='killed']", timeout=120_000)
-    page.wait_for_selector("#timeline td:has-text('attempt=1')", timeout=120_000)  # the next attempt began
+    page.wait_for_selector("#timeline td:has-text('attempt 1 began')", timeout=120_000)  # in a sentence
     resumed = _steps(page)
     _until(lambda: _steps(page) > resumed + 3)  # and trains on
     (restart,) = alice.story(job)["restarts"]  # `phalanx status` tells it: the cause, the step it went on from
@@ -92,6 +92,21 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     assert restart["resumed_from"] >= 20 and restart["resumed_from"] % 20 == 0, restart  # a checkpoint's step
     page.wait_for_selector("#log:has-text('step')")  # rank 0's log, followed
     assert page.locator("#goodput span[data-category='productive']").count() == 1
+    card = {k: page.inner_text(f"#summary [data-field='{k}'] b") for k in ("outcome", "last loss", "restarts")}
+    assert card["outcome"] == "RUNNING" and float(card["last loss"]) > 0 and card["restarts"] == "1", card
+    assert page.locator("#chart-mfu.empty").count() == 1  # on a CPU: it says why instead of empty axes
+    said = page.evaluate("getComputedStyle(document.querySelector('#chart-mfu'), '::before').content")
+    assert "peak FLOPs are not known" in said, said
+    # against the step by default, the restart a break in the line, and a click puts the charts against time
+    assert page.locator("#chart-loss .u-label:has-text('step')").count() >= 1
+    xs, losses = page.evaluate("document.querySelector('#chart-loss').plot.data")
+    assert None in losses and xs == sorted(xs) and xs[0] == 1, xs[:5]
+    page.click("#time-axis")
+    assert page.evaluate("document.querySelector('#chart-loss').plot.data[0][0]") > 1e9  # Unix time
+    assert "name: ui-job" in page.text_content("#spec")  # the resolved spec
+    page.fill("#log-search", "step")  # the log's lines that have it
+    lines = page.inner_text("#log").strip().splitlines()
+    assert lines and all("step" in line for line in lines), lines[:3]
     assert page.evaluate("window.__notReloaded") is True
     page.screenshot(path=tmp_path / "job.png", full_page=True)
 
@@ -112,7 +127,26 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     assert not leaked, leaked[:2]
     assert any(job in text for text in received)  # the positive control: the page did receive alice's job
 
-    for name in ("jobs.png", "job.png", "fleet.png"):
+    # on a laptop and at a phone's width no page scrolls sideways: at 390 px tables become cards, charts shrink
+    pages = [("job", f"#/jobs/{job}", "#summary [data-field='outcome']"), ("fleet", "#/fleet", "#tenants tbody tr"),
+             ("jobs", "#/jobs", f"tr[data-job='{job}']")]  # fmt: skip
+    for width, height in ((1440, 900), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        for name, where, ready in pages:
+            page.goto(f"{server.url}/ui/{where}")
+            page.wait_for_selector(ready)
+            if name == "job":  # read as the page opens: the periodic checkpoints, each verified
+                page.wait_for_selector("#checkpoints tr[data-step] td:has-text('ok')")
+            page.wait_for_timeout(500)  # the charts follow their boxes' width
+            wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert wide <= 0, f"{where} scrolls {wide} px sideways at {width} px"
+            page.screenshot(path=tmp_path / f"{width}-{name}.png", full_page=True)
+    page.check(f"tr[data-job='{job}'] input.pick")  # runs side by side: the loss against the step
+    page.click("#compare")
+    page.wait_for_function("document.querySelector('#chart-compare')?.plot?.data[1]?.some((v) => v > 0)")
+    assert page.evaluate("document.querySelector('#chart-compare').plot.series[1].label") == job
+    page.screenshot(path=tmp_path / "compare.png", full_page=True)
+    for name in ("jobs.png", "job.png", "fleet.png", "390-jobs.png", "compare.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     alice.cancel(job)
     wait_for(alice, job, {"CANCELLED"}, timeout=120)

@@ -12,6 +12,7 @@ from rich.console import Console as RichConsole
 
 from phalanx.obs import EventLog, RunDir, read_jsonl
 from phalanx.obs.console import Console
+from phalanx.obs.digest import digest
 from phalanx.obs.goodput import write_ledger
 from phalanx.obs.plot import plot_loss
 from phalanx.obs.progress import ProgressFeed, clock, step_line
@@ -46,6 +47,12 @@ def test_eta_takes_the_pace_of_consecutive_steps_only(tmp_path: Path) -> None:
     progress.poll()
     assert progress.eta_s() == 13 * 1.0
     assert ProgressFeed(metrics, total_steps=None).eta_s() is None
+    # the server's digest (the dashboard's ETA) takes the same pace: a slow last step (a checkpoint) and a
+    # script's record without a whole step do not swing it
+    _append(metrics, {"step": 7, "ts": 77.0, "step_time_s": 10.0}, {"step": "?", "ts": 78.0})
+    (tmp_path / "events.jsonl").write_text(json.dumps({"ts": 0.0, "kind": "run_started"}) + "\n")
+    said = digest(RunDir(tmp_path))
+    assert said is not None and said.pace_s == 1.0 and said.steps_done == 8 and said.steps_run == 11
 
 
 def test_step_line_and_status_show_what_the_step_reported() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from phalanx.obs.events import RESTARTS, Event
 from phalanx.obs.goodput import Ledger, ledger, read_run
+from phalanx.obs.progress import PACE_WINDOW, intervals, pace_s
 from phalanx.obs.rundir import RunDir
 
 KEPT = 10_000  # run directories remembered; past that the memory starts again
@@ -28,6 +29,7 @@ class RunDigest:
     steps_done: int | None  # rank 0's last step record, counted from 1 (None: no step yet)
     last_loss: float | None  # that step's loss
     steps_run: int  # step records written, steps run again after a restart included: only ever grows
+    pace_s: float | None  # seconds a step takes at the recent pace (progress.pace_s): what an ETA assumes
     tokens_run: float  # their tokens (tokens/s x step time, where the run reports both)
 
     @property
@@ -65,17 +67,26 @@ def _read(run: RunDir) -> RunDigest | None:
     if not events:
         return None
     restarts = Counter(e.get("category", "crash") for e in events if e["kind"] in RESTARTS)
+    stepped = [m for m in metrics if isinstance(m.get("step"), int)]  # a script's records are its own
     return RunDigest(
         ledger=ledger(events, metrics),
         restarts=dict(sorted(restarts.items())),
         checkpoint_blocked_s=sum(e.get("blocked_s", 0.0) for e in events if e["kind"] == Event.CHECKPOINT_COMMITTED),
         signalled=any(e["kind"] == Event.SIGNAL_RECEIVED for e in events),
         finished=any(e["kind"] == Event.RUN_FINISHED for e in events),
-        steps_done=int(metrics[-1]["step"]) + 1 if metrics else None,
-        last_loss=metrics[-1].get("loss") if metrics else None,
+        steps_done=stepped[-1]["step"] + 1 if stepped else None,
+        last_loss=_number(stepped[-1], "loss") if stepped else None,
         steps_run=len(metrics),
-        tokens_run=sum(m.get("tokens_per_s", 0.0) * m.get("step_time_s", 0.0) for m in metrics),
+        pace_s=pace_s(intervals(stepped[-PACE_WINDOW - 1 :]), stepped[-1]) if stepped else None,
+        tokens_run=sum((_number(m, "tokens_per_s") or 0.0) * (_number(m, "step_time_s") or 0.0) for m in metrics),
     )
+
+
+def _number(record: dict, field: str) -> float | None:
+    """A step record's figure, None where a script left it out or wrote something else (its records are its
+    own)."""
+    value = record.get(field)
+    return float(value) if isinstance(value, int | float) else None
 
 
 _lock = threading.Lock()

@@ -3,6 +3,7 @@ text, and a status line with the latest figures and the time left at the recent 
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections import deque
@@ -11,6 +12,22 @@ from pathlib import Path
 from typing import Any
 
 PACE_WINDOW = 20  # consecutive steps whose median interval sets the pace the ETA assumes
+
+
+def pace_s(intervals: list[float], latest: dict[str, Any]) -> float | None:
+    """Seconds a step takes at the recent pace: the median of the last intervals between consecutive steps (one
+    slow step, a checkpoint's say, does not swing it), else the last step's own time."""
+    recent = intervals[-PACE_WINDOW:]
+    if recent:
+        return statistics.median(recent)
+    own = latest.get("step_time_s")
+    return float(own) if isinstance(own, int | float) else None
+
+
+def intervals(records: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive steps' records (not across a restart, where the step goes back)."""
+    return [b["ts"] - a["ts"] for a, b in itertools.pairwise(records) if b["step"] == a["step"] + 1]
+
 
 # The figures a step line shows when the step reported them, in this order: (metric, label, format).
 FIGURES: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
@@ -74,7 +91,7 @@ class ProgressFeed:
         """Seconds left at the median pace of the last PACE_WINDOW steps, if the job's length is known."""
         if self.latest is None or not self.total_steps:
             return None
-        pace = statistics.median(self._intervals) if self._intervals else self.latest.get("step_time_s")
+        pace = pace_s(list(self._intervals), self.latest)
         return None if pace is None else max(0, self.total_steps - self.latest["step"] - 1) * pace
 
     def status(self, elapsed_s: float, restarts: int) -> str:

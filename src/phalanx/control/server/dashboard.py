@@ -10,7 +10,7 @@ from typing import Any
 from phalanx.control.server import views
 from phalanx.control.store import FINAL, Execution, Job, JobState, Scope, user_name
 from phalanx.obs.digest import digest
-from phalanx.obs.events import BAD_STEPS, RESTARTS, Event
+from phalanx.obs.events import BAD_STEPS, FAILURES, RESTARTS, Event
 
 JOBS_SHOWN = 500  # the newest; the API pages through all of them
 UTILISATION_POINTS = 120
@@ -19,13 +19,14 @@ SERIES = ("loss", "tokens_per_s", "mfu", "step_time_s", "peak_memory_bytes")
 
 
 def job_row(caller: Scope, job: Job) -> dict[str, Any]:
-    """One row of the jobs table: state, progress, ETA, speed, goodput and restarts, as the job last said."""
+    """One row of the jobs table: state, progress, ETA (at the recent pace, as the supervisor's line has it),
+    speed, goodput and restarts, as the job last said."""
     runs = views.run_dirs(caller, job)
     done, total = views.progress(job, runs)
     last = views.last_line(runs[-1][1].metrics) if runs else None
-    step_s = (last or {}).get("step_time_s")
-    eta = (total - done) * step_s if job.state == JobState.RUNNING and done and total and step_s else None
     digests = [digest(run) for _, run in runs]
+    pace = digests[-1].pace_s if digests and digests[-1] is not None else None
+    eta = (total - done) * pace if job.state == JobState.RUNNING and done and total and pace else None
     return {
         "id": job.id,
         "name": job.name,
@@ -59,14 +60,8 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     found = caller.job(job_id)
     runs = views.run_dirs(caller, found)
     events = views.events(runs)
-    marks = [  # where an attempt began, and where a step was bad
-        {"kind": "attempt", "execution": e["execution"], "attempt": e["attempt"], "ts": e["ts"]}
-        for e in events
-        if e["kind"] == Event.ATTEMPT_STARTED
-    ] + [
-        {"kind": "bad_step", "execution": e["execution"], "ts": e["ts"], "why": e["problem"]}
-        for e in events
-        if e["kind"] in BAD_STEPS
+    marks = [  # the vertical lines of the job's charts: failures seen, restarts, recoveries, bad steps
+        {"kind": kind, "execution": e["execution"], "ts": e["ts"]} for e in events if (kind := _mark(e)) is not None
     ]
     steps = [
         {"execution": m["execution"], "step": m["step"], "ts": m["ts"], **{k: m.get(k) for k in SERIES}}
@@ -86,6 +81,15 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
         if e["kind"] in RESTARTS
     ]
     latest = runs[-1][1] if runs else None
+    said = [d for _, run in runs if (d := digest(run)) is not None]
+    stepped = [d for d in said if d.steps_done is not None]
+    summary = {  # the card atop the page; goodput and restarts are the row's
+        "outcome": found.state,
+        "reason": found.reason,
+        "last_loss": stepped[-1].last_loss if stepped else None,
+        "runtime_s": sum(d.ledger.wall_s for d in said),
+        "tokens": sum(d.tokens_run for d in said),
+    }
     stacks = {}
     for rank in views.log_ranks(latest):  # a rank's Python stacks, dumped when the job was found hung
         dump = latest.stacks(rank)
@@ -97,6 +101,8 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
         steps = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
     return {
         "job": job_row(caller, found),
+        "summary": summary,
+        "spec": found.spec,  # resolved at submit: defaults filled in
         "steps": steps,
         "marks": marks,
         "restarts": restarts,
@@ -146,15 +152,60 @@ def _queued(job: Job, now: float) -> dict[str, Any]:
 
 
 def _utilisation(executions: list[Execution], since: float, now: float) -> dict[str, list[float]]:
-    """GPUs held, sampled at evenly spaced times from ``since`` to ``now``."""
-    times = [since + (now - since) * i / (UTILISATION_POINTS - 1) for i in range(UTILISATION_POINTS)]
-    gpus = [
-        float(sum(e.gpus for e in executions if e.started_at <= t and (e.ended_at is None or e.ended_at > t)))
-        for t in times
-    ]
-    return {"ts": times, "gpus": gpus}
+    """GPUs held in each of UTILISATION_POINTS equal spans from ``since`` to ``now``: the most at any moment
+    of the span, and the mean over it (a sample at one moment would miss a busy span between samples)."""
+    span = (now - since) / UTILISATION_POINTS
+    held = sum(e.gpus for e in executions if e.started_at <= since and (e.ended_at is None or e.ended_at > since))
+    changes = sorted(  # after ``since``, in time order; at one moment, ends before starts
+        [(e.started_at, e.gpus) for e in executions if e.started_at > since]
+        + [(e.ended_at, -e.gpus) for e in executions if e.ended_at is not None and since < e.ended_at <= now]
+    )
+    starts, most, mean, i = [], [], [], 0
+    for b in range(UTILISATION_POINTS):
+        begin, end = since + b * span, since + (b + 1) * span
+        peak, area, at = held, 0.0, begin
+        while i < len(changes) and changes[i][0] < end:
+            when, gpus = changes[i]
+            area, at = area + held * (when - at), when
+            held += gpus
+            peak, i = max(peak, held), i + 1
+        starts.append(begin)
+        most.append(float(peak))
+        mean.append((area + held * (end - at)) / span if span > 0 else float(held))
+    return {"ts": starts, "max": most, "mean": mean}
+
+
+def _mark(event: dict[str, Any]) -> str | None:
+    """What a run's event marks on the job's charts, if anything (the first attempt of the first execution
+    is no restart)."""
+    kind = event["kind"]
+    if kind in FAILURES:
+        return "failure"
+    if kind == Event.ATTEMPT_STARTED and (event.get("attempt", 0) > 0 or event["execution"] > 1):
+        return "restart"
+    if kind == Event.RECOVERY_STARTED:
+        return "recovery"
+    return "bad" if kind in BAD_STEPS else None
 
 
 def _describe(event: dict[str, Any]) -> str:
+    """An event of the run as a sentence; one phalanx has no sentence for (a script's own), as its fields."""
+    e, kind = event, event["kind"]
+    said = {
+        Event.RUN_STARTED: lambda: "the run started",
+        Event.ATTEMPT_STARTED: lambda: f"attempt {e.get('attempt')} began with {len(e.get('pids') or {})} worker(s)",
+        Event.WORKER_FAILED: lambda: f"rank {e.get('rank')} failed" + (f": {e['error']}" if e.get("error") else ""),
+        Event.HANG_DETECTED: lambda: f"a hang was detected: {e.get('reason') or e.get('cause') or ''}".rstrip(": "),
+        Event.NODE_LOST: lambda: f"node {e.get('node')} was lost (silent {e.get('silent_s', 0):.1f} s)",
+        Event.RESTART_SCHEDULED: lambda: f"restart {e.get('restart')}: {e.get('reason', '')}",
+        Event.RECOVERY_STARTED: lambda: f"recovery {e.get('restart')} in process: {e.get('reason', '')}",
+        Event.SIGNAL_RECEIVED: lambda: f"{e.get('signal')} reached the supervisor: checkpoint and stop",
+        Event.PREEMPTED: lambda: f"emergency checkpoint of step {e.get('step')} committed",
+        Event.BAD_STEP_SKIPPED: lambda: f"bad step {e.get('step')} skipped: {e.get('problem')}",
+        Event.BAD_STEP_ROLLBACK: lambda: f"bad step {e.get('step')}: rolled back to step {e.get('to_step')}",
+        Event.RUN_FINISHED: lambda: f"the run finished: {e.get('outcome')}: {e.get('reason', '')}",
+    }.get(kind)
+    if said is not None:
+        return said()[:300]
     shown = {k: v for k, v in event.items() if k not in ("ts", "kind", "execution", "argv", "pids")}
     return ", ".join(f"{k}={v}" for k, v in shown.items())[:300]

@@ -43,8 +43,9 @@ def logs(job: Job, runs: list[tuple[int, RunDir]], rank: int | None, execution: 
     run = dict(runs).get(execution) if execution is not None else None
     if run is None and execution is not None and execution != latest:
         raise NotFound("execution", execution)
-    if rank is not None and rank >= job.gpus:
-        raise NotFound("rank", rank, f"job {job.id} has {job.gpus} rank(s): 0 to {job.gpus - 1}")
+    world = job.nodes * (job.gpus // job.workers)  # spare nodes hold no rank of their own
+    if rank is not None and rank >= world:
+        raise NotFound("rank", rank, f"job {job.id} has {world} rank(s): 0 to {world - 1}")
     ranks = log_ranks(run)
     path = None if run is None else run.supervisor_log if rank is None else run.log(rank)
     size = path.stat().st_size if path is not None and path.is_file() else 0
@@ -89,10 +90,12 @@ def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
 
 def story(runs: list[tuple[int, RunDir]]) -> JobStory:
     """The job's restarts, emergency checkpoints and resumptions, from its runs' events and rank 0's steps (a
-    step record's ``step`` counts from 0, so the first one after a resumption is the steps done before it)."""
+    step record's ``step`` counts from 0, so the first one after a resumption is the steps done before it). A
+    script writes its own records: a step that is not a whole number is left out."""
     restarts, stops, resumed, last = [], [], {}, None
     for n, run in runs:
         events, metrics = read_run(run)
+        metrics = [m for m in metrics if isinstance(m.get("step"), int)]
         for e in events:
             if e["kind"] in RESTARTS:
                 after = next((m["step"] for m in metrics if m["ts"] > e["ts"]), None)
@@ -101,15 +104,15 @@ def story(runs: list[tuple[int, RunDir]]) -> JobStory:
                 category = e.get("category", "crash")
                 restarts.append(Restart(execution=n, at=e["ts"], in_process=in_process, category=category,
                                         cause=cause, resumed_from=after))  # fmt: skip
-            elif e["kind"] == Event.PREEMPTED:
+            elif e["kind"] == Event.PREEMPTED and isinstance(e.get("step"), int):
                 stops.append(Stop(execution=n, at=e["ts"], checkpoint_step=e["step"]))
         if metrics and n != runs[0][0]:
             resumed[n] = metrics[0]["step"]
-        last = metrics[-1] if metrics else last
+        last = digest(run) if metrics else last
     ledger = goodput(runs)
     return JobStory(
-        restarts=restarts, stops=stops, resumed=resumed, steps_done=last["step"] + 1 if last else None,
-        last_loss=last.get("loss") if last else None, goodput=ledger["goodput"] if ledger["wall_s"] else None,
+        restarts=restarts, stops=stops, resumed=resumed, steps_done=last.steps_done if last else None,
+        last_loss=last.last_loss if last else None, goodput=ledger["goodput"] if ledger["wall_s"] else None,
     )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
-// The dashboard of phalanx server: three pages (jobs, a job, the fleet) drawn from /api/v1/dashboard/* and kept
-// up to date by one WebSocket per page (/api/v1/dashboard/live), which sends the page's data again whenever it
-// changes. The token stays in this tab (sessionStorage) and goes with every request.
+// The dashboard of phalanx server: four pages (jobs, a job, jobs compared, the fleet) drawn from
+// /api/v1/dashboard/* and kept up to date by one WebSocket per page (/api/v1/dashboard/live), which sends the
+// page's data again whenever it changes (the comparison polls). The token stays in this tab (sessionStorage) and goes with every request.
 "use strict";
 
 const $ = (selector, root = document) => root.querySelector(selector);
@@ -114,9 +114,9 @@ function jobsPage() {
       <input id="filter" placeholder="filter: id, name, tenant, owner" size="40" value="${esc(table.filter)}">
       <select id="state-filter"><option value="">any state</option>
         ${STATES.map((s) => `<option ${s === table.state ? "selected" : ""}>${s}</option>`).join("")}</select>
-      <span id="count"></span>
+      <span id="count"></span><button id="compare">Compare the loss of the jobs picked</button>
     </div>
-    <table id="jobs-table"><thead><tr>${COLUMNS.map(([k, label]) => `<th data-sort="${k}">${label}</th>`).join("")}</tr></thead>
+    <table id="jobs-table"><thead><tr><th></th>${COLUMNS.map(([k, label]) => `<th data-sort="${k}">${label}</th>`).join("")}</tr></thead>
       <tbody></tbody></table>
     <h2>Submit a job</h2>
     <textarea id="submit-spec" rows="8" placeholder="name: my-job&#10;resources: {procs_per_node: 2, device: cpu}&#10;train: {model: {preset: llama-tiny}, steps: 100}"></textarea>
@@ -136,14 +136,22 @@ function jobsPage() {
     $("#count").textContent = `${shown.length} of ${rows.length}`;
     $("#jobs-table tbody").innerHTML = shown.map((j) => `
       <tr data-job="${esc(j.id)}">
-        <td><a href="#/jobs/${esc(j.id)}">${esc(j.id)}</a></td><td>${esc(j.tenant)}</td>
-        <td class="state state-${esc(j.state)}" title="${esc(j.reason)}">${esc(j.state)}</td><td>${j.gpus}</td>
-        <td class="progress"><div class="bar"><span style="width:${100 * (j.progress || 0)}%"></span></div>
+        <td data-label="pick"><input type="checkbox" class="pick" value="${esc(j.id)}" ${picked.has(j.id) ? "checked" : ""}></td>
+        <td data-label="job"><a href="#/jobs/${esc(j.id)}">${esc(j.id)}</a></td><td data-label="tenant">${esc(j.tenant)}</td>
+        <td data-label="state" class="state state-${esc(j.state)}" title="${esc(j.reason)}">${esc(j.state)}</td>
+        <td data-label="GPUs">${j.gpus}</td>
+        <td data-label="progress" class="progress"><div class="bar"><span style="width:${100 * (j.progress || 0)}%"></span></div>
           ${j.steps_done == null ? "" : `${j.steps_done}${j.total_steps ? ` / ${j.total_steps}` : ""}`}</td>
-        <td>${duration(j.eta_s)}</td><td>${num(j.tokens_per_s)}</td><td>${pct(j.mfu)}</td><td>${pct(j.goodput)}</td>
-        <td class="restarts">${j.restarts}</td><td>${when(j.submitted_at)}</td>
+        <td data-label="ETA">${duration(j.eta_s)}</td><td data-label="tokens/s">${num(j.tokens_per_s)}</td>
+        <td data-label="MFU">${pct(j.mfu)}</td><td data-label="goodput">${pct(j.goodput)}</td>
+        <td data-label="restarts" class="restarts">${j.restarts}</td><td data-label="submitted">${when(j.submitted_at)}</td>
       </tr>`).join("");
   };
+  const picked = new Set();
+  $("#jobs-table").addEventListener("change", (e) => {
+    if (e.target.classList.contains("pick")) e.target.checked ? picked.add(e.target.value) : picked.delete(e.target.value);
+  });
+  $("#compare").onclick = () => { if (picked.size) location.hash = `#/compare/${[...picked].map(encodeURIComponent).join(",")}`; };
   $("#filter").oninput = (e) => { table.filter = e.target.value; draw(); };
   $("#state-filter").onchange = (e) => { table.state = e.target.value; draw(); };
   for (const th of main.querySelectorAll("th[data-sort]")) {
@@ -166,69 +174,161 @@ function jobsPage() {
 }
 
 // --- one job
-function chart(element, title, label, format = (v) => v) {
-  const marks = { attempts: [], bad: [] };
+const MARKS = [ // what a vertical line on a job's charts means, and how it is drawn
+  ["failure", "a failure was detected", "#c92a2a", []],
+  ["restart", "an attempt began (a restart from a checkpoint)", "#e67700", []],
+  ["recovery", "a recovery in process (a warm spare)", "#7048e8", []],
+  ["bad", "a bad step (NaN, spike)", "#862e9c", [4, 4]],
+];
+
+// A chart that follows its box's width, says why when it has nothing to draw, and draws MARKS at marks[kind]
+// (x values). ``steps``: its x axis is the step (else the time).
+function chart(element, title, label, format = (v) => v, empty = `no ${label} reported yet`, steps = true) {
+  const marks = Object.fromEntries(MARKS.map(([kind]) => [kind, []]));
+  element.classList.add("chart");
+  element.dataset.empty = `${title}: ${empty}`;
+  element.replaceChildren();
+  const x = steps ? { label: "step", value: (u, v) => (v == null ? "" : `step ${Math.round(v)}`) } : {};
   const plot = new uPlot({
-    title, width: Math.max(380, element.clientWidth), height: 220,
-    scales: { x: { time: true } },
-    series: [{}, { label, stroke: "#4c6ef5", width: 1.5, value: (u, v) => (v == null ? "" : format(v)) }],
-    axes: [{}, { values: (u, ticks) => ticks.map(format), size: 80 }],
+    title, width: element.clientWidth || 380, height: 220,
+    scales: { x: { time: !steps } },
+    series: [x, { label, stroke: "#4c6ef5", width: 1.5, value: (u, v) => (v == null ? "" : format(v)) }],
+    axes: [steps ? { label: "step", values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? num(t) : "")) } : {},
+      { values: (u, ticks) => ticks.map(format), size: 80 }],
     hooks: { draw: [(u) => {
       const { ctx, bbox } = u;
       ctx.save();
-      for (const [times, color, dash] of [[marks.attempts, "#e67700", []], [marks.bad, "#c92a2a", [4, 4]]]) {
+      for (const [kind, , color, dash] of MARKS) {
         ctx.strokeStyle = color; ctx.setLineDash(dash); ctx.lineWidth = 1.5;
-        for (const t of times) {
-          const x = u.valToPos(t, "x", true);
-          if (x < bbox.left || x > bbox.left + bbox.width) continue;
-          ctx.beginPath(); ctx.moveTo(x, bbox.top); ctx.lineTo(x, bbox.top + bbox.height); ctx.stroke();
+        for (const at of marks[kind]) {
+          const px = u.valToPos(at, "x", true);
+          if (px < bbox.left || px > bbox.left + bbox.width) continue;
+          ctx.beginPath(); ctx.moveTo(px, bbox.top); ctx.lineTo(px, bbox.top + bbox.height); ctx.stroke();
         }
       }
       ctx.restore();
     }] },
   }, [[], []], element);
-  return { plot, marks };
+  element.plot = plot;
+  if (!element.observed) { // one observer per box, whichever plot it holds now
+    new ResizeObserver(() => element.clientWidth && element.plot.setSize({ width: element.clientWidth, height: 220 })).observe(element);
+    element.observed = true;
+  }
+  const show = (xs, ys) => { element.classList.toggle("empty", ys.every((v) => v == null)); plot.setData([xs, ys]); };
+  return { plot, marks, show };
+}
+
+// Each step's records as chart points: by time, or by step (counted from 1). A new segment (the next attempt or
+// execution, back at its checkpoint's step) starts after a break, wherever it resumes; by step, the last
+// record of a step (a step run again after a restart) is the one shown.
+function chartPoints(steps, byStep) {
+  let segment = 0;
+  const tagged = steps.map((s, i) => {
+    const before = steps[i - 1];
+    if (before && (s.execution !== before.execution || s.step <= before.step)) segment += 1;
+    return { ...s, x: byStep ? s.step + 1 : s.ts, segment };
+  });
+  const shown = byStep ? [...new Map(tagged.map((p) => [p.x, p])).values()].sort((a, b) => a.x - b.x) : tagged;
+  const points = [];
+  shown.forEach((p, i) => {
+    const before = shown[i - 1];
+    if (before && before.segment !== p.segment) points.push({ x: (before.x + p.x) / 2 }); // the break
+    points.push(p);
+  });
+  return points;
+}
+
+// Where each mark falls on a chart: its time, or the step of the first record at or after it.
+function markPositions(marks, steps, byStep) {
+  const at = (ts) => {
+    if (!byStep) return ts;
+    const next = steps.find((s) => s.ts >= ts);
+    return next ? next.step + 1 : null;
+  };
+  return Object.fromEntries(MARKS.map(([kind]) => [kind, marks.filter((m) => m.kind === kind).map((m) => at(m.ts)).filter((v) => v != null)]));
 }
 
 function jobPage(id) {
   main.innerHTML = `
     <h1>Job <span id="job-id">${esc(id)}</span> <span id="job-state"></span></h1>
     <p id="job-reason" class="why"></p>
+    <div id="summary" class="card"></div>
     <div class="toolbar"><div class="bar" style="width:20em"><span id="job-bar"></span></div><span id="job-progress"></span>
       <span id="job-speed"></span><button id="cancel">Cancel</button></div>
+    <div class="toolbar"><label><input id="time-axis" type="checkbox"> against time (else the step)</label></div>
     <div class="charts"><div id="chart-loss"></div><div id="chart-tokens"></div><div id="chart-mfu"></div>
       <div id="chart-step"></div><div id="chart-memory"></div></div>
-    <p class="legend"><span><i style="background:#e67700"></i>an attempt began (a restart)</span>
-      <span><i style="background:#c92a2a"></i>a bad step (NaN, spike)</span></p>
+    <p class="legend">${MARKS.map(([kind, text, color]) => `<span data-mark="${kind}"><i style="background:${color}"></i>${text}</span>`).join("")}</p>
     <h2>Goodput</h2><div id="goodput"></div>
     <h2>Restarts</h2><ol id="restarts"></ol>
     <h2>Timeline</h2><table id="timeline"><tbody></tbody></table>
+    <h2>Checkpoints</h2><table id="checkpoints"><tbody><tr><td class="why">reading...</td></tr></tbody></table>
     <h2>Logs</h2>
-    <div class="toolbar"><label>rank <select id="rank"></select></label><label><input id="follow" type="checkbox" checked> follow</label></div>
+    <div class="toolbar"><label>rank <select id="rank"></select></label><label><input id="follow" type="checkbox" checked> follow</label>
+      <input id="log-search" placeholder="show lines with..." size="24"><button id="log-download">Download</button></div>
     <pre id="log"></pre>
+    <details><summary>The resolved spec</summary><pre id="spec"></pre></details>
     <h2>Stack dumps</h2><div id="stacks"><p class="why">none: dumped when a rank is found hung</p></div>`;
   const gib = (v) => `${(v / 2 ** 30).toFixed(2)} GiB`;
-  const charts = {
-    loss: chart($("#chart-loss"), "loss", "loss", (v) => v.toFixed(3)),
-    tokens_per_s: chart($("#chart-tokens"), "tokens/s", "tokens/s", (v) => num(v)),
-    mfu: chart($("#chart-mfu"), "MFU", "MFU", (v) => pct(v)),
-    step_time_s: chart($("#chart-step"), "step time", "s", (v) => `${v.toFixed(3)} s`),
-    peak_memory_bytes: chart($("#chart-memory"), "peak memory", "memory", gib),
+  const short = (v) => Number(v.toPrecision(3)).toString(); // a y label with no more digits than it needs
+  let charts = null, shown = null;
+  const makeCharts = (byStep) => {
+    charts = {
+      loss: chart($("#chart-loss"), "loss", "loss", short, undefined, byStep),
+      tokens_per_s: chart($("#chart-tokens"), "tokens/s", "tokens/s", (v) => num(v), undefined, byStep),
+      mfu: chart($("#chart-mfu"), "MFU", "MFU", (v) => pct(v), "none reported: the device's peak FLOPs are not known (a CPU)", byStep),
+      step_time_s: chart($("#chart-step"), "step time", "s", (v) => `${short(v)} s`, undefined, byStep),
+      peak_memory_bytes: chart($("#chart-memory"), "peak memory", "memory", gib, undefined, byStep),
+    };
+    if (shown) drawCharts(shown);
   };
+  const drawCharts = (d) => {
+    shown = d;
+    const byStep = !$("#time-axis").checked;
+    const points = chartPoints(d.steps, byStep);
+    const marks = markPositions(d.marks, d.steps, byStep);
+    for (const [key, c] of Object.entries(charts)) {
+      Object.assign(c.marks, marks);
+      c.show(points.map((p) => p.x), points.map((p) => p[key] ?? null));
+    }
+  };
+  makeCharts(true);
+  $("#time-axis").onchange = (e) => makeCharts(!e.target.checked);
   $("#cancel").onclick = () => api(`/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" }).catch((e) => alert(e.message));
-  const log = { rank: null, offset: 0, execution: null };
+  const log = { rank: null, offset: 0, execution: null, text: "" };
+  const showLog = () => { // the lines that have the searched text, or all of it
+    const pre = $("#log"), wanted = $("#log-search").value;
+    pre.textContent = wanted ? log.text.split("\n").filter((line) => line.includes(wanted)).join("\n") : log.text;
+    pre.scrollTop = pre.scrollHeight;
+  };
   const readLog = async () => {
     if (log.rank == null || !$("#follow").checked) return;
     const chunk = await api(`/jobs/${encodeURIComponent(id)}/logs?rank=${log.rank}&offset=${log.offset}`);
-    if (chunk.execution !== log.execution) { $("#log").textContent = ""; log.execution = chunk.execution; }
-    if (chunk.text) {
-      const pre = $("#log");
-      pre.textContent += chunk.text;
-      pre.scrollTop = pre.scrollHeight;
-    }
+    if (chunk.execution !== log.execution) { log.text = ""; log.execution = chunk.execution; }
     log.offset = chunk.next_offset;
+    if (chunk.text) { log.text += chunk.text; showLog(); }
   };
-  $("#rank").onchange = (e) => { log.rank = Number(e.target.value); log.offset = 0; $("#log").textContent = ""; readLog(); };
+  $("#rank").onchange = (e) => { log.rank = Number(e.target.value); log.offset = 0; log.text = ""; showLog(); readLog(); };
+  $("#log-search").oninput = showLog;
+  $("#log-download").onclick = async () => { // the whole log of the rank, not only what was shown
+    let text = "", offset = 0, chunk;
+    do {
+      chunk = await api(`/jobs/${encodeURIComponent(id)}/logs?rank=${log.rank ?? 0}&offset=${offset}`);
+      text += chunk.text; offset = chunk.next_offset;
+    } while (chunk.text && offset < chunk.size);
+    const a = Object.assign(document.createElement("a"), {
+      href: URL.createObjectURL(new Blob([text], { type: "text/plain" })), download: `${id}-rank-${log.rank ?? 0}.log`,
+    });
+    a.click(); URL.revokeObjectURL(a.href);
+  };
+  const readCheckpoints = async () => { // each with its verification: read on opening and once the job ended
+    const found = await api(`/jobs/${encodeURIComponent(id)}/checkpoints`);
+    $("#checkpoints tbody").innerHTML = found.map((c) => `<tr data-step="${c.step}"><td data-label="step">${c.step}</td>
+      <td data-label="size">${(c.bytes / 2 ** 20).toFixed(1)} MiB</td><td data-label="verified">${c.problem ? `<span class="error">${esc(c.problem)}</span>` : "ok"}</td>
+      <td data-label="where" class="why">${esc(c.location)}</td></tr>`).join("") || "<tr><td class=\"why\">none yet</td></tr>";
+  };
+  readCheckpoints().catch(() => {});
+  let ended = false;
   follow = setInterval(() => readLog().catch(() => {}), 1000);
 
   live("job", id, (d) => {
@@ -242,19 +342,15 @@ function jobPage(id) {
     $("#job-speed").textContent = [j.tokens_per_s && `${num(j.tokens_per_s)} tokens/s`, j.mfu && `MFU ${pct(j.mfu)}`,
       j.goodput != null && `goodput ${pct(j.goodput)}`].filter(Boolean).join(" · ");
     $("#cancel").hidden = d.final;
-    // One line per attempt: a gap where an attempt ended and the next resumed (steps go back to a checkpoint).
-    const points = [];
-    d.steps.forEach((s, i) => {
-      const before = d.steps[i - 1];
-      if (before && (s.execution !== before.execution || s.step <= before.step)) points.push({ ts: (before.ts + s.ts) / 2 });
-      points.push(s);
-    });
-    const attempts = d.marks.filter((m) => m.kind === "attempt" && (m.attempt > 0 || m.execution > 1)).map((m) => m.ts);
-    const bad = d.marks.filter((m) => m.kind === "bad_step").map((m) => m.ts);
-    for (const [key, c] of Object.entries(charts)) {
-      c.marks.attempts = attempts; c.marks.bad = bad;
-      c.plot.setData([points.map((p) => p.ts), points.map((p) => p[key] ?? null)]);
-    }
+    if (d.final && !ended) { ended = true; readCheckpoints().catch(() => {}); }
+    if (!$("#spec").textContent) $("#spec").textContent = d.spec;
+    const s = d.summary;
+    $("#summary").innerHTML = [
+      ["outcome", esc(s.outcome)], ["steps", j.steps_done == null ? "none yet" : `${j.steps_done}${j.total_steps ? ` of ${j.total_steps}` : ""}`],
+      ["last loss", s.last_loss == null ? "-" : s.last_loss.toFixed(4)], ["runtime", duration(s.runtime_s) || "-"],
+      ["tokens", num(s.tokens) || "-"], ["goodput", pct(d.goodput.goodput) || "-"], ["restarts", String(j.restarts)],
+    ].map(([k, v]) => `<div data-field="${k}"><span>${k}</span><b>${v}</b></div>`).join("");
+    drawCharts(d);
     const g = d.goodput;
     $("#goodput").innerHTML = `<div class="goodput">${Object.entries(g.seconds).map(([k, s]) =>
       `<span data-category="${k}" style="width:${g.wall_s ? (100 * s) / g.wall_s : 0}%;background:${GOODPUT[k]}" title="${k} ${s.toFixed(1)} s"></span>`).join("")}</div>
@@ -276,6 +372,35 @@ function jobPage(id) {
   });
 }
 
+// --- runs side by side: the loss of several jobs against the step, one line each
+const COLOURS = ["#4c6ef5", "#e8590c", "#2b8a3e", "#ae3ec9", "#1098ad", "#f59f00", "#c92a2a", "#495057"];
+
+function comparePage(ids) {
+  main.innerHTML = `<h1>Loss, side by side</h1><p class="why">${ids.map((id, i) =>
+    `<span class="legend"><i style="background:${COLOURS[i % COLOURS.length]}"></i><a href="#/jobs/${esc(id)}">${esc(id)}</a></span>`).join(" ")}</p>
+    <div id="chart-compare" class="chart"></div><p id="compare-error" class="error"></p>`;
+  const element = $("#chart-compare");
+  const plot = new uPlot({
+    title: "loss", width: element.clientWidth || 380, height: 320, scales: { x: { time: false } },
+    series: [{ label: "step", value: (u, v) => (v == null ? "" : `step ${v}`) },
+      ...ids.map((id, i) => ({ label: id, stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: false }))],
+    axes: [{ label: "step" }, { values: (u, ticks) => ticks.map((v) => Number(v.toPrecision(3)).toString()), size: 70 }],
+  }, [[], ...ids.map(() => [])], element);
+  element.plot = plot;
+  new ResizeObserver(() => element.clientWidth && plot.setSize({ width: element.clientWidth, height: 320 })).observe(element);
+  const refresh = async () => {
+    const views = await Promise.all(ids.map((id) => api(`/dashboard/jobs/${encodeURIComponent(id)}`)));
+    const lines = views.map((v) => {
+      const points = chartPoints(v.steps, true);
+      return [points.map((p) => p.x), points.map((p) => p.loss ?? null)];
+    });
+    plot.setData(uPlot.join(lines));
+  };
+  const again = () => refresh().catch((e) => { $("#compare-error").textContent = e.message; });
+  again();
+  follow = setInterval(again, 5000);
+}
+
 // --- the fleet
 function fleetPage() {
   main.innerHTML = `
@@ -285,26 +410,29 @@ function fleetPage() {
     <h2>Queue</h2>
     <table id="queue"><thead><tr><th>job</th><th>tenant</th><th>GPUs</th><th>priority</th><th>waiting</th><th>why</th></tr></thead><tbody></tbody></table>
     <h2>Utilisation, last 24 hours</h2><div id="chart-utilisation"></div>`;
-  const used = chart($("#chart-utilisation"), "GPUs allocated", "GPUs", (v) => num(v, 1));
+  const used = chart($("#chart-utilisation"), "GPUs allocated, the most in each 12 minutes", "GPUs", (v) => num(v, 1),
+    "no execution in the last 24 hours", false);
   live("fleet", null, (d) => {
     const inUse = d.tenants.reduce((sum, t) => sum + t.gpus_in_use, 0);
     $("#capacity").textContent = `${inUse} of ${d.capacity} GPUs in use; ${d.queue.length} job(s) waiting`;
     $("#tenants tbody").innerHTML = d.tenants.map((t) => {
-      const scale = Math.max(t.nominal_gpus + (t.borrowing_limit || 0), t.gpus_in_use, 1);
-      return `<tr data-tenant="${esc(t.name)}"><td>${esc(t.name)}</td><td>${t.gpus_in_use} / ${t.nominal_gpus}</td>
-        <td><div class="bar" style="width:16em"><span style="width:${(100 * t.gpus_in_use) / scale}%"></span>
+      const scale = Math.max(d.capacity, t.gpus_in_use, 1); // against the whole cluster
+      return `<tr data-tenant="${esc(t.name)}"><td data-label="tenant">${esc(t.name)}</td><td data-label="in use / quota">${t.gpus_in_use} / ${t.nominal_gpus}</td>
+        <td data-label="share of the cluster"><div class="bar" style="width:16em"><span style="width:${(100 * t.gpus_in_use) / scale}%"></span>
           <span class="quota" style="width:${(100 * t.nominal_gpus) / scale}%"></span>
           ${t.borrowing_limit != null ? `<span class="borrow" style="width:${(100 * (t.nominal_gpus + t.borrowing_limit)) / scale}%"></span>` : ""}</div></td>
-        <td>${t.cohort == null ? "none (no cohort)" : t.borrowing_limit ?? `any idle in ${esc(t.cohort)}`}</td><td>${t.preemptions}</td></tr>`;
+        <td data-label="borrowing limit">${t.cohort == null ? "none (no cohort)" : t.borrowing_limit ?? `any idle in ${esc(t.cohort)}`}</td>
+        <td data-label="preemptions">${t.preemptions}</td></tr>`;
     }).join("");
-    $("#queue tbody").innerHTML = d.queue.map((q) => `<tr data-job="${esc(q.id)}"><td><a href="#/jobs/${esc(q.id)}">${esc(q.id)}</a></td>
-      <td>${esc(q.tenant)}</td><td>${q.gpus}</td><td>${q.priority}</td><td>${duration(q.waiting_s)}</td><td class="why">${esc(q.why)}</td></tr>`).join("")
+    $("#queue tbody").innerHTML = d.queue.map((q) => `<tr data-job="${esc(q.id)}"><td data-label="job"><a href="#/jobs/${esc(q.id)}">${esc(q.id)}</a></td>
+      <td data-label="tenant">${esc(q.tenant)}</td><td data-label="GPUs">${q.gpus}</td><td data-label="priority">${q.priority}</td>
+      <td data-label="waiting">${duration(q.waiting_s)}</td><td data-label="why" class="why">${esc(q.why)}</td></tr>`).join("")
       || "<tr><td colspan=\"6\" class=\"why\">nothing waits</td></tr>";
-    used.plot.setData([d.utilisation.ts, d.utilisation.gpus]);
+    used.show(d.utilisation.ts, d.utilisation.max);
   });
 }
 
-// --- routing: #/jobs, #/jobs/ID, #/fleet
+// --- routing: #/jobs, #/jobs/ID, #/compare/ID,ID,..., #/fleet
 async function route() {
   stopPage();
   if (!token) return loginPage();
@@ -316,6 +444,7 @@ async function route() {
   const [, page, id] = location.hash.split("/");
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.id === `nav-${page}`);
   if (page === "fleet") fleetPage();
+  else if (page === "compare" && id) comparePage(id.split(",").map(decodeURIComponent));
   else if (page === "jobs" && id) jobPage(decodeURIComponent(id));
   else jobsPage();
 }
