@@ -150,3 +150,21 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
         assert (tmp_path / name).stat().st_size > 10_000
     alice.cancel(job)
     wait_for(alice, job, {"CANCELLED"}, timeout=120)
+
+
+def test_utilisation_is_each_spans_most_and_mean() -> None:
+    """The fleet's chart against a count every tenth of a second: a burst shorter than a span shows in its most
+    (a sample at one moment of the span would miss it), and the mean is the held GPU-time over the span."""
+    from types import SimpleNamespace
+
+    from phalanx.control.server.dashboard import UTILISATION_POINTS, _utilisation
+
+    runs = [SimpleNamespace(started_at=s, ended_at=e, gpus=g) for s, e, g in
+            ((-100.0, None, 2), (130.0, 150.0, 4), (200.0, 260.0, 1), (60.0, 60.5, 8))]  # fmt: skip
+    got = _utilisation(runs, 0.0, UTILISATION_POINTS * 60.0)  # spans of 60 s
+    for span in range(UTILISATION_POINTS):
+        times = [span * 60 + i / 10 for i in range(600)]
+        held = [sum(r.gpus for r in runs if r.started_at <= t < (r.ended_at or 1e18)) for t in times]
+        assert got["max"][span] == max(held), span
+        assert abs(got["mean"][span] - sum(held) / len(held)) < 0.05, span
+    assert got["max"][1] == 10  # the half-second burst

@@ -1,6 +1,7 @@
 // The dashboard of phalanx server: four pages (jobs, a job, jobs compared, the fleet) drawn from
 // /api/v1/dashboard/* and kept up to date by one WebSocket per page (/api/v1/dashboard/live), which sends the
-// page's data again whenever it changes (the comparison polls). The token stays in this tab (sessionStorage) and goes with every request.
+// page's data again whenever it changes (the comparison polls). The token stays in this tab (sessionStorage)
+// and goes with every request.
 "use strict";
 
 const $ = (selector, root = document) => root.querySelector(selector);
@@ -219,13 +220,14 @@ function chart(element, title, label, format = (v) => v, empty = `no ${label} re
 }
 
 // Each step's records as chart points: by time, or by step (counted from 1). A new segment (the next attempt or
-// execution, back at its checkpoint's step) starts after a break, wherever it resumes; by step, the last
-// record of a step (a step run again after a restart) is the one shown.
-function chartPoints(steps, byStep) {
+// execution, or a recovery: at ``breaks``, their times) starts after a break, wherever it resumes, even past
+// the last step shown; by step, the last record of a step (a step run again after a restart) is the one shown.
+function chartPoints(steps, byStep, breaks = []) {
   let segment = 0;
   const tagged = steps.map((s, i) => {
     const before = steps[i - 1];
-    if (before && (s.execution !== before.execution || s.step <= before.step)) segment += 1;
+    if (before && (s.execution !== before.execution || s.step <= before.step ||
+        breaks.some((t) => before.ts < t && t <= s.ts))) segment += 1;
     return { ...s, x: byStep ? s.step + 1 : s.ts, segment };
   });
   const shown = byStep ? [...new Map(tagged.map((p) => [p.x, p])).values()].sort((a, b) => a.x - b.x) : tagged;
@@ -237,6 +239,9 @@ function chartPoints(steps, byStep) {
   });
   return points;
 }
+
+// When training resumed: a restart's new attempt, or a recovery in process.
+const resumptions = (marks) => marks.filter((m) => m.kind === "restart" || m.kind === "recovery").map((m) => m.ts);
 
 // Where each mark falls on a chart: its time, or the step of the first record at or after it.
 function markPositions(marks, steps, byStep) {
@@ -285,7 +290,7 @@ function jobPage(id) {
   const drawCharts = (d) => {
     shown = d;
     const byStep = !$("#time-axis").checked;
-    const points = chartPoints(d.steps, byStep);
+    const points = chartPoints(d.steps, byStep, resumptions(d.marks));
     const marks = markPositions(d.marks, d.steps, byStep);
     for (const [key, c] of Object.entries(charts)) {
       Object.assign(c.marks, marks);
@@ -391,7 +396,7 @@ function comparePage(ids) {
   const refresh = async () => {
     const views = await Promise.all(ids.map((id) => api(`/dashboard/jobs/${encodeURIComponent(id)}`)));
     const lines = views.map((v) => {
-      const points = chartPoints(v.steps, true);
+      const points = chartPoints(v.steps, true, resumptions(v.marks));
       return [points.map((p) => p.x), points.map((p) => p.loss ?? null)];
     });
     plot.setData(uPlot.join(lines));
