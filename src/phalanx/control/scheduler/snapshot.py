@@ -157,18 +157,11 @@ class Snapshot:
                 return used
         return None
 
-    def preemptible(
-        self,
-        job: Job,
-        runs: Iterable[Run],
-        max_preemptions: int | None = None,
-        outranks: Callable[[Job, Run], bool] | None = None,
-    ) -> list[Run]:
-        """Runs ``job`` may preempt, of ``runs`` (in the policy's order, read only as far as needed): lower
-        priority runs of its own tenant or of borrowing tenants, and, when the job is within its tenant's quota,
-        borrowed GPUs of its cohort (a borrowing tenant gives back at most what it borrows); also those of its
-        own or borrowing tenants it ``outranks``. With ``max_preemptions``, also cycle-free: never a run
-        preempted that many times, never one that has preempted ``job``."""
+    def preemptible(self, job: Job, runs: Iterable[Run]) -> list[Run]:
+        """Runs ``job`` may preempt as Kueue's classic preemption does, of ``runs`` (in the policy's order, read
+        only as far as needed): lower priority runs of its own tenant or of borrowing tenants, and, when the job
+        is within its tenant's quota, borrowed GPUs of its cohort (a borrowing tenant gives back at most what it
+        borrows)."""
         state = self.state
         tenant = state.tenants[job.tenant]
         within = self.held[tenant.name] + job.gpus <= tenant.nominal_gpus
@@ -182,13 +175,10 @@ class Snapshot:
             if victim.tenant not in victims_of or run.id in self.leaving:
                 continue
             seen += 1
-            if max_preemptions is not None and (victim.preemptions >= max_preemptions or run.id in job.preempted_by):
-                continue
             over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal_gpus - taken.get(victim.tenant, 0)
             cohort = state.tenants[victim.tenant].cohort
             reclaim = within and victim.tenant != job.tenant and cohort is not None and cohort == tenant.cohort
-            lower = victim.priority < job.priority or (outranks is not None and outranks(job, run))
-            outranked = lower and (victim.tenant == job.tenant or over > 0)
+            outranked = victim.priority < job.priority and (victim.tenant == job.tenant or over > 0)
             if outranked or (reclaim and over > 0):
                 taken[victim.tenant] = taken.get(victim.tenant, 0) + victim.gpus
                 chosen.append(run)

@@ -52,11 +52,6 @@ class Queue:
         """In order, each with the key it was queued under (its id last)."""
         return ((entry, self.jobs[entry[-1]]) for entry in self._order)
 
-    def of_tenants(self, tenants: Iterable[str]) -> Iterator[Job]:
-        """The jobs of these tenants only, in the queue's order."""
-        merged = heapq.merge(*(self._tenant.get(t, ()) for t in tenants))
-        return (self.jobs[entry[-1]] for entry in merged)
-
     def of(self, tenant: str) -> Iterator[Job]:
         return (self.jobs[entry[-1]] for entry in self._tenant.get(tenant, ()))
 
