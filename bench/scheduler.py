@@ -28,12 +28,12 @@ from _report import Report
 from phalanx.control.scheduler import Cluster, Job, Node, PredictiveLas, Queue, State, Tenant
 from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
-from phalanx.control.sim.simulator import PreemptionCosts, split_gpus
+from phalanx.control.sim.simulator import ReplayCosts, split_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ["phalanx", "fifo", "kueue-like", "tiresias-like"]
 MONTHS = [("October", "2017-10-01", "2017-11-01", 10), ("November", "2017-11-01", "2017-12-01", 7)]  # racks of 64
-PESSIMISTIC = PreemptionCosts(restart_s=300.0, commit_s=300.0)
+PESSIMISTIC = ReplayCosts(restart_s=300.0, commit_s=300.0)
 PHILLY_SIZES = {1: 44972, 2: 783, 4: 792, 8: 572, 12: 7, 16: 42, 24: 4, 32: 20}  # October 2017's jobs
 
 

@@ -121,6 +121,7 @@ from phalanx.control.scheduler import (  # noqa: E402
     Policy,
     PredictiveLas,
     Preempt,
+    PreemptionCost,
     Queue,
     Round,
     State,
@@ -232,7 +233,7 @@ def test_phalanx_preempts_only_by_its_rules_never_in_cycles_and_within_its_budge
     levels, seen = policy.levels, Counter()
 
     def judge(state: State, decided: Round, now: float) -> None:
-        spent = policy._cost(state.evicted_gpus, state.evicted_gpus_sq)
+        spent = policy.cost.gpu_s(state.evicted_gpus, state.evicted_gpus_sq)
         charged: dict[str, tuple[list[int], list[bool]]] = {}
         held = dict(state.held)
         for admit in decided.admit:
@@ -257,7 +258,7 @@ def test_phalanx_preempts_only_by_its_rules_never_in_cycles_and_within_its_budge
             plan[0].append(victim.gpus)
             plan[1].append(p.reason.startswith("least service"))
         for gpus, heuristic in charged.values():  # the plans, in order
-            spent += policy._cost(sum(gpus), sum(g * g for g in gpus))
+            spent += policy.cost.gpu_s(sum(gpus), sum(g * g for g in gpus))
             if any(heuristic):
                 assert spent <= policy.budget * state.gpu_s_given(now) + 1e-6
 
@@ -340,7 +341,7 @@ def test_the_budget_holds_preemption_back_but_never_a_reclaim() -> None:
     (and says why), but a tenant below its quota still reclaims its GPUs from a borrower, and a job of a higher
     priority still takes its own tenant's lower one (what a server just started, with little GPU-time given
     out yet, must do)."""
-    policy = PredictiveLas(restart_s=10**7)
+    policy = PredictiveLas(cost=PreemptionCost(restart_s=10**7))
     cluster = Cluster.uniform(1, 2, 8)
     state = State(cluster, [Tenant("busy", 8, "c"), Tenant("lender", 8, "c")], Queue(policy.key))
     for name in ("mine", "borrowed"):

@@ -16,13 +16,13 @@ from conftest import REPO, unavailable
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Launch, Phase, Status
 from phalanx.control.server.loop import Controller
-from phalanx.control.sim.simulator import Arrival, ModelledRun, PreemptionCosts, arrivals, simulate, split_gpus
+from phalanx.control.sim.simulator import Arrival, ModelledRun, ReplayCosts, arrivals, simulate, split_gpus
 from phalanx.control.sim.trace import philly, quotas
 from phalanx.control.store import Job, JobState, Tenant, Transition, User, open_store
 
 TRACES = Path(os.environ.get("PHALANX_TRACES", REPO.parent / "shared" / "traces"))
 SPEC = "name: trace\nresources: {procs_per_node: 1, device: cpu}\ntrain: {steps: 1}\n"
-COSTS = PreemptionCosts()
+COSTS = ReplayCosts()
 
 
 class Clock:

@@ -8,6 +8,9 @@ from pathlib import Path
 import typer
 
 from phalanx.cli.common import err
+from phalanx.control.scheduler.costs import PreemptionCost
+
+COST = PreemptionCost()  # the defaults
 
 
 def server(
@@ -37,10 +40,14 @@ def server(
         365.0, "--max-token-days", min=0.001, help="the longest any token may live, whoever makes it"
     ),
     restart_s: float = typer.Option(
-        60.0, "--restart-s", min=0, help="what a preemption's restart costs here (the scheduler's budget)"
+        COST.restart_s, "--restart-s", min=0, help="what a preemption's restart costs here (the scheduler's budget)"
     ),
-    commit_s: float = typer.Option(20.0, "--commit-s", min=0, help="a victim's checkpoint commits in this ..."),
-    commit_s_per_gpu: float = typer.Option(1.25, "--commit-s-per-gpu", min=0, help="... plus this per GPU"),
+    commit_s: float = typer.Option(
+        COST.commit_s, "--commit-s", min=0, help="a victim's checkpoint commits in this ..."
+    ),
+    commit_s_per_gpu: float = typer.Option(
+        COST.commit_s_per_gpu, "--commit-s-per-gpu", min=0, help="... plus this per GPU"
+    ),
 ) -> None:
     """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
     import logging
@@ -60,9 +67,7 @@ def server(
         executor=executor,
         slurm_partition=slurm_partition,
         max_token_s=max_token_days * 86400,
-        restart_s=restart_s,
-        commit_s=commit_s,
-        commit_s_per_gpu=commit_s_per_gpu,
+        cost=PreemptionCost(restart_s, commit_s, commit_s_per_gpu),
     )
     try:
         serve(settings)

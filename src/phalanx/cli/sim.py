@@ -9,8 +9,11 @@ import typer
 from rich.table import Table
 
 from phalanx.cli.common import err, out
+from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.obs.rates import LLAMA3_GPU_HOURS_PER_FAILURE
 from phalanx.resilience.simulate import STRATEGIES, RecoveryCosts, goodput_table, scope_shares
+
+COST = PreemptionCost()  # the defaults
 
 sim_app = typer.Typer(no_args_is_help=True, help="Simulate: a cluster's scheduling on a trace, a long job's goodput.")
 
@@ -27,9 +30,11 @@ def sim_trace(
     seed: int = typer.Option(0, help="draws submit-time jitter (up to 60 s) and checkpoint phases"),
     borrowing: bool = typer.Option(True, help="tenants in one cohort may borrow idle quota"),
     checkpoint_every_s: float = typer.Option(1800.0, "--checkpoint-every-s", min=1),
-    restart_s: float = typer.Option(60.0, "--restart-s", min=0),
-    commit_s: float = typer.Option(20.0, "--commit-s", help="a victim's save commits in this ...", min=0),
-    commit_s_per_gpu: float = typer.Option(1.25, "--commit-s-per-gpu", help="... plus this per GPU", min=0),
+    restart_s: float = typer.Option(COST.restart_s, "--restart-s", min=0),
+    commit_s: float = typer.Option(COST.commit_s, "--commit-s", help="a victim's save commits in this ...", min=0),
+    commit_s_per_gpu: float = typer.Option(
+        COST.commit_s_per_gpu, "--commit-s-per-gpu", help="... plus this per GPU", min=0
+    ),
     limit: int | None = typer.Option(None, help="replay only the first N jobs (a quick look)", min=1),
     workers: int = typer.Option(2, help="processes to replay policies and tenants in", min=1),
 ) -> None:
@@ -39,13 +44,13 @@ def sim_trace(
 
     from phalanx.control.sim.report import COLUMNS, metrics, rows
     from phalanx.control.sim.scenario import Scenario, replay
-    from phalanx.control.sim.simulator import PreemptionCosts
+    from phalanx.control.sim.simulator import ReplayCosts
     from phalanx.control.sim.trace import TraceError
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     scenario = Scenario(
         trace, start, end, racks, nodes_per_rack, gpus_per_node, borrowing,
-        PreemptionCosts(checkpoint_every_s, restart_s, commit_s, commit_s_per_gpu), seed, limit,
+        ReplayCosts(restart_s, commit_s, commit_s_per_gpu, checkpoint_every_s), seed, limit,
     )  # fmt: skip
     began = time.monotonic()
     try:

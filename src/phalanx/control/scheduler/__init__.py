@@ -4,6 +4,7 @@ the control plane and the trace simulator run the same decisions."""
 from phalanx.control.scheduler.actuate import Actuator, apply
 from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.cluster import Cluster, Node
+from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.policy import PredictiveLas
@@ -28,6 +29,7 @@ __all__ = [
     "Policy",
     "PredictiveLas",
     "Preempt",
+    "PreemptionCost",
     "Queue",
     "Round",
     "Run",

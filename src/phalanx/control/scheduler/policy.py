@@ -37,10 +37,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
+from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Job, Round, Run
 from phalanx.control.scheduler.service import Levels
 from phalanx.control.scheduler.snapshot import Snapshot
@@ -56,10 +57,7 @@ class PredictiveLas:
     stretch_cap_s: float = 24 * 3600.0  # within a class: submitted + predicted duration, capped
     plans_per_round: int = 8  # blocked jobs a round plans preemption for, at most
     victims_read: int = 512  # runs a round reads as possible victims, the cheapest first
-    # The cost model of a preemption (the simulator's default costs; the server's operator sets the cluster's):
-    restart_s: float = 60.0  # what a restart costs a victim, besides its work since its last checkpoint
-    commit_s: float = 20.0  # its emergency checkpoint commits in commit_s + commit_s_per_gpu x its GPUs
-    commit_s_per_gpu: float = 1.25
+    cost: PreemptionCost = field(default_factory=PreemptionCost)  # the operator sets the cluster's
     budget: float = 0.004  # least-service preemptions stop when preemptions cost this share of the GPU-time given
 
     @cached_property
@@ -142,9 +140,9 @@ class PredictiveLas:
         """Plan room for the first blocked jobs, each from the cheapest runs it may take. The cheapest
         ``victims_read`` runs are read once a round, with their level."""
         state, now = snap.state, snap.now
-        spent = self._cost(state.evicted_gpus, state.evicted_gpus_sq)
+        spent = self.cost.gpu_s(state.evicted_gpus, state.evicted_gpus_sq)
         allowed = self.budget * state.gpu_s_given(now)
-        runs = (run for run in state.cheapest(now, self.restart_s) if run.id not in snap.leaving)
+        runs = (run for run in state.cheapest(now, self.cost.restart_s) if run.id not in snap.leaving)
         pool = list(itertools.islice(runs, self.victims_read if blocked else 0))
         levels: dict[str, int] = {}  # read lazily: replaying a run's history is the costly part
 
@@ -194,7 +192,7 @@ class PredictiveLas:
             if not victims:
                 continue
             gpus = [run.job.gpus for run in victims]
-            cost = self._cost(sum(gpus), sum(g * g for g in gpus))
+            cost = self.cost.gpu_s(sum(gpus), sum(g * g for g in gpus))
             heuristic = any(rules[run.id] == "least service" for run in victims)  # the others are owed
             if heuristic and spent + cost > allowed:
                 snap.wait(job, "placement", f"no room for {_shape(job)}; the preemption budget is spent")
@@ -204,10 +202,6 @@ class PredictiveLas:
             snap.preempt(victims, job, lambda run, job=job, rules=rules: self._why(snap, job, run, rules[run.id]))
             names = ", ".join(run.id for run in victims)
             snap.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)
-
-    def _cost(self, gpus: int, gpus_sq: int) -> float:
-        """GPU-seconds that victims of these GPUs (and their squares) lose to commit and restart."""
-        return gpus * (self.restart_s + self.commit_s) + self.commit_s_per_gpu * gpus_sq
 
     def _why(self, snap: Snapshot, job: Job, run: Run, rule: str) -> str:
         victim, now = run.job, snap.now

@@ -7,7 +7,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
@@ -35,11 +35,7 @@ class Settings:
     executor: str = "local"  # local | slurm
     slurm_partition: str | None = None  # the slurm executor's partition, for jobs whose spec names none
     max_token_s: float = MAX_TOKEN_S  # the longest a token may live, whoever makes it
-    # what a preemption costs on this cluster, the scheduler's cost model (core.PredictiveLas): a restart, and
-    # the emergency checkpoint's commit in commit_s + commit_s_per_gpu x GPUs
-    restart_s: float = 60.0
-    commit_s: float = 20.0
-    commit_s_per_gpu: float = 1.25
+    cost: core.PreemptionCost = field(default_factory=core.PreemptionCost)  # on this cluster: the scheduler's budget
 
     @property
     def database_url(self) -> str:
@@ -74,9 +70,7 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     jobs_dir = settings.data_dir.absolute() / "jobs"
     executor = executor or make_executor(settings, jobs_dir)
     token = bootstrap(store)
-    policy = core.PredictiveLas(
-        restart_s=settings.restart_s, commit_s=settings.commit_s, commit_s_per_gpu=settings.commit_s_per_gpu
-    )
+    policy = core.PredictiveLas(cost=settings.cost)
     controller = Controller(store, executor, policy, tick_s=settings.tick_s)
     capacity = sum(node.gpus for node in executor.capacity())
     return Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s), controller, token

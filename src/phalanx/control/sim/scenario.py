@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from phalanx.control.scheduler import POLICIES, Cluster, Policy, Tenant, place
-from phalanx.control.sim.simulator import PreemptionCosts, Replayed, alone_cluster, simulate, split_gpus
+from phalanx.control.sim.simulator import ReplayCosts, Replayed, alone_cluster, simulate, split_gpus
 from phalanx.control.sim.trace import TraceJob, philly, quotas
 
 
@@ -24,7 +24,7 @@ class Scenario:
     nodes_per_rack: int = 8
     gpus_per_node: int = 8
     borrowing: bool = True
-    costs: PreemptionCosts = field(default_factory=PreemptionCosts)
+    costs: ReplayCosts = field(default_factory=ReplayCosts)
     seed: int = 0
     limit: int | None = None  # the first N jobs only (a quick look)
 
@@ -47,13 +47,12 @@ class Replay:
     alone_jct: dict[str, float]
 
 
-def told(name: str, costs: PreemptionCosts) -> Policy:
+def told(name: str, costs: ReplayCosts) -> Policy:
     """The policy ``name``, told what a preemption costs when it models that (phalanx's does, as its server is
     told with --restart-s and --commit-s): an operator knows their cluster's restart and commit times."""
     policy = POLICIES[name]()
     fields = {f.name for f in dataclasses.fields(policy)}  # type: ignore[arg-type]
-    costs_of = {"restart_s": costs.restart_s, "commit_s": costs.commit_s, "commit_s_per_gpu": costs.commit_s_per_gpu}
-    return replace(policy, **{k: v for k, v in costs_of.items() if k in fields})  # type: ignore[type-var]
+    return replace(policy, cost=costs.preemption) if "cost" in fields else policy  # type: ignore[type-var]
 
 
 def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Replayed:

@@ -4,7 +4,7 @@ modelling what the decisions cost:
 
 - a job's work is its trace duration on its GPUs; it checkpoints every ``checkpoint_every_s`` of progress;
 - a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
-  commits (``PreemptionCosts.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
+  commits (``ReplayCosts.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
   costs ``restart_s`` before work resumes.
 The decisions reach the State through ``apply``, as the server's do: the replay is the actuator.
 GPU-time lost to preemption is every GPU-second held that saved no work: so the GPU-time used is exactly the
@@ -22,6 +22,7 @@ from typing import Any
 
 from phalanx.control.scheduler.actuate import apply
 from phalanx.control.scheduler.cluster import Cluster, Node
+from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Tenant
 from phalanx.control.scheduler.predict import DurationPredictor
 from phalanx.control.scheduler.state import Policy, Queue, State
@@ -29,18 +30,16 @@ from phalanx.control.sim.trace import TraceJob
 
 
 @dataclass(frozen=True)
-class PreemptionCosts:
-    """What checkpoints and restarts cost a job. A save commits in ``commit_s`` plus ``commit_s_per_gpu`` for
-    each of the job's GPUs: every GPU holds a shard of the state, and the job's shards share the storage's
-    bandwidth, so a checkpoint's size, and its commit, grow with the job (8 GPUs: 30 s by default)."""
+class ReplayCosts(PreemptionCost):
+    """What the replayed jobs pay: the scheduler's own cost model of a preemption, and a checkpoint every
+    ``checkpoint_every_s`` of progress (the work a victim keeps)."""
 
     checkpoint_every_s: float = 1800.0
-    restart_s: float = 60.0
-    commit_s: float = 20.0
-    commit_s_per_gpu: float = 1.25
 
-    def commit(self, gpus: int) -> float:
-        return self.commit_s + self.commit_s_per_gpu * gpus
+    @property
+    def preemption(self) -> PreemptionCost:
+        """The cost model alone: what a policy that budgets its preemptions is told."""
+        return PreemptionCost(self.restart_s, self.commit_s, self.commit_s_per_gpu)
 
 
 @dataclass
@@ -100,7 +99,7 @@ class Arrival:
     phase_s: float
 
 
-def arrivals(jobs: Sequence[TraceJob], costs: PreemptionCosts, seed: int, jitter_s: float) -> list[Arrival]:
+def arrivals(jobs: Sequence[TraceJob], costs: ReplayCosts, seed: int, jitter_s: float) -> list[Arrival]:
     rng = random.Random(seed)
     out = []
     for job in jobs:
@@ -120,7 +119,7 @@ class ModelledRun:
     left_s: float  # work to do then
 
     @classmethod
-    def begin(cls, now: float, left_s: float, ran_before: bool, costs: PreemptionCosts) -> ModelledRun:
+    def begin(cls, now: float, left_s: float, ran_before: bool, costs: ReplayCosts) -> ModelledRun:
         return cls(now, now + (costs.restart_s if ran_before else 0.0), left_s)
 
     @property
@@ -130,7 +129,7 @@ class ModelledRun:
     def left_at(self, t: float) -> float:
         return self.left_s - min(self.left_s, max(0.0, t - self.starts))
 
-    def first_checkpoint(self, phase_s: float, costs: PreemptionCosts) -> float:
+    def first_checkpoint(self, phase_s: float, costs: ReplayCosts) -> float:
         return self.starts + phase_s % costs.checkpoint_every_s
 
 
@@ -139,7 +138,7 @@ class _Replay:
     each decision costs."""
 
     def __init__(self, policy: Policy, arrived: Sequence[Arrival], cluster: Cluster, tenants: Sequence[Tenant],
-                 costs: PreemptionCosts):  # fmt: skip
+                 costs: ReplayCosts):  # fmt: skip
         self.policy, self.costs, self.cluster = policy, costs, cluster
         self.state = State(cluster, tenants, Queue(policy.key))
         self.predictor = DurationPredictor()
@@ -252,7 +251,7 @@ def simulate(
     jobs: Sequence[TraceJob],
     cluster: Cluster,
     tenants: Sequence[Tenant],
-    costs: PreemptionCosts = PreemptionCosts(),
+    costs: ReplayCosts = ReplayCosts(),
     seed: int = 0,
     jitter_s: float = 60.0,
 ) -> Replayed:
