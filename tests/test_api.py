@@ -108,6 +108,7 @@ def _requests(w: World, tenant: str) -> dict[tuple[str, str], tuple[str, dict]]:
         ("GET", "/api/v1/jobs/{job_id}/goodput"): (f"/jobs/{job}/goodput", {}),
         ("GET", "/api/v1/jobs/{job_id}/story"): (f"/jobs/{job}/story", {}),
         ("GET", "/api/v1/jobs/{job_id}/checkpoints"): (f"/jobs/{job}/checkpoints", {}),
+        ("GET", "/api/v1/cluster"): ("/cluster", {}),
         ("GET", "/api/v1/quota"): ("/quota", {}),
         ("GET", "/api/v1/usage"): ("/usage", {}),
         ("GET", "/metrics"): ("/metrics", {}),

@@ -94,6 +94,10 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     assert page.locator("#goodput span[data-category='productive']").count() == 1
     card = {k: page.inner_text(f"#summary [data-field='{k}'] b") for k in ("outcome", "last loss", "restarts")}
     assert card["outcome"] == "RUNNING" and float(card["last loss"]) > 0 and card["restarts"] == "1", card
+    page.wait_for_selector("#per-rank tr[data-rank='1']")  # each rank's own memory, from its heartbeats
+    memory = [page.inner_text(f"#per-rank tr[data-rank='{r}'] td[data-label='peak memory']") for r in (0, 1)]
+    assert all(re.fullmatch(r"[\d.]+ [MG]iB", m) and float(m.split()[0]) > 0 for m in memory), memory
+    assert page.inner_text("#per-rank tr[data-rank='1'] td[data-label='GPU busy']") == "no GPU"
     assert page.locator("#chart-mfu.empty").count() == 1  # on a CPU: it says why instead of empty axes
     said = page.evaluate("getComputedStyle(document.querySelector('#chart-mfu'), '::before').content")
     assert "peak FLOPs are not known" in said, said
@@ -112,6 +116,7 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
 
     page.click("#nav-fleet")
     page.wait_for_selector("#tenants tr[data-tenant='vision']")
+    assert "slots in use" in page.inner_text("#capacity")  # --slots: CPU slots, called so
     page.screenshot(path=tmp_path / "fleet.png", full_page=True)
     assert page.locator("#tenants tr[data-tenant='audio']").count() == 0
 

@@ -57,7 +57,7 @@ def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
     assert cli(admin_env, "login", server.url, "--token", token).returncode == 0
     assert cli(admin_env, "tenants", "create", "vision", "--nominal-gpus", "2").returncode == 0
     huge = cli(admin_env, "tenants", "create", "huge", "--nominal-gpus", "100000")  # kept, but said
-    assert huge.returncode == 0 and "quota of 100000 GPUs is more than the cluster's" in huge.stderr, huge.stderr
+    assert huge.returncode == 0 and "quota of 100000 slots is more than the cluster's" in huge.stderr, huge.stderr
     assert cli(admin_env, "users", "create", "alice", "--tenant", "vision").returncode == 0
     made = cli(admin_env, "tokens", "create", "--user", "alice")
     alice = {"PHALANX_CONFIG": str(tmp_path / "alice.json")}
@@ -86,8 +86,9 @@ def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
     assert "PENDING -> ADMITTED" in status and "RUNNING -> SUCCEEDED" in status
     listed = cli(alice, "jobs", "--state", "succeeded").stdout
     assert re.search(rf"{job_id} .* SUCCEEDED .* 8/8 ", listed), listed  # a finished job's steps, from its row
+    assert " slots " in listed.splitlines()[0] and "GPU" not in listed  # --slots: CPU slots, not GPUs
     usage = cli(alice, "usage", "--since", "1h", "--by-job").stdout
-    assert job_id in usage and "vision" in usage
+    assert job_id in usage and "vision" in usage and "allocated slot-h" in usage
     report = server.admin.usage()
     assert report["jobs"][0]["allocated_gpu_hours"] > report["jobs"][0]["productive_gpu_hours"] > 0
     assert "already ended" in cli(alice, "cancel", job_id).stderr

@@ -318,7 +318,7 @@ def test_hang_timeout_and_the_rank_behind() -> None:
     fixed.observe(0, 7, 0.0)
     fixed.observe(1, 6, 1.0)
     assert fixed.stalled(4.5) is None
-    assert fixed.stalled(5.5) == Stall(rank=1, step=6, silent_s=5.5, timeout_s=5.0)  # behind: the likely cause
+    assert fixed.stalled(5.5) == Stall(rank=1, step=7, silent_s=5.5, timeout_s=5.0)  # behind, 7 steps done
 
 
 def test_straggler_detector() -> None:

@@ -381,7 +381,7 @@ def test_why_pending_names_the_quota() -> None:
     decided = policy.schedule(state, 1.0)
     assert decided.admit == []
     assert decided.why("a1").reason == (
-        "tenant a holds 0 of its 4-GPU quota and this job needs 8; it is in no cohort to borrow from"
+        "tenant a holds 0 of the 4 GPUs of its quota and this job needs 8; it is in no cohort to borrow from"
     )
     assert "over its borrowing limit of 0" in decided.why("b1").reason
 

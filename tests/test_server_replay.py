@@ -38,6 +38,7 @@ class TraceExecutor:
     reads them), and on SIGTERM it snapshots at once and leaves when the save commits."""
 
     name = "trace"
+    unit = "GPUs"
 
     def __init__(self, arrived: list[Arrival], nodes: list[core.Node], clock: Clock, root: Path, store):
         self.arrived = {a.job.id: a for a in arrived}

@@ -197,6 +197,9 @@ class Client:
             else:
                 time.sleep(poll_s)
 
+    def cluster(self) -> dict[str, Any]:
+        return self._call("GET", "/cluster")
+
     def quota(self) -> list[dict[str, Any]]:
         return self._call("GET", "/quota")
 

@@ -47,8 +47,9 @@ tenants_app = typer.Typer(no_args_is_help=True, help="Tenants and their quotas (
 
 @tenants_app.command("list")
 def tenants_list() -> None:
-    table = Table("tenant", "quota GPUs", "cohort", "borrowing limit", box=None)
-    for t in call(connect().tenants):
+    client = connect()
+    table = Table("tenant", f"quota {call(client.cluster)['unit']}", "cohort", "borrowing limit", box=None)
+    for t in call(client.tenants):
         limit = "-" if t["borrowing_limit"] is None else str(t["borrowing_limit"])
         table.add_row(t["name"], str(t["nominal_gpus"]), t["cohort"] or "-", limit)
     out.print(table)
@@ -57,11 +58,12 @@ def tenants_list() -> None:
 @tenants_app.command("create")
 def tenants_create(
     name: str = typer.Argument(...),
-    nominal_gpus: int = typer.Option(..., "--nominal-gpus", min=0, help="GPUs guaranteed"),
+    nominal_gpus: int = typer.Option(..., "--nominal-gpus", min=0, help="GPUs (or CPU slots) guaranteed"),
     cohort: str | None = typer.Option(None, help="share idle GPUs with this cohort's other tenants"),
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
 ) -> None:
-    _said(call(connect().create_tenant, name, nominal_gpus, cohort, borrowing_limit))
+    client = connect()
+    _said(call(client.create_tenant, name, nominal_gpus, cohort, borrowing_limit), call(client.cluster)["unit"])
 
 
 @tenants_app.command("update")
@@ -72,13 +74,15 @@ def tenants_update(
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
 ) -> None:
     changes = {"nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
-    _said(call(connect().update_tenant, name, **{k: v for k, v in changes.items() if v is not None}))
+    client = connect()
+    changed = call(client.update_tenant, name, **{k: v for k, v in changes.items() if v is not None})
+    _said(changed, call(client.cluster)["unit"])
 
 
-def _said(t: dict) -> None:
+def _said(t: dict, unit: str) -> None:
     cohort = f"cohort {t['cohort']}" if t["cohort"] else "no cohort"
     limit = f"borrowing limit {t['borrowing_limit']}" if t["borrowing_limit"] is not None else "no borrowing limit"
-    err.print(f"tenant {t['name']}: {t['nominal_gpus']} GPUs, {cohort}, {limit}", highlight=False)
+    err.print(f"tenant {t['name']}: {t['nominal_gpus']} {unit}, {cohort}, {limit}", highlight=False)
     if t["warning"]:
         err.print(f"[bold yellow]warning[/]: {t['warning']}", highlight=False)
 

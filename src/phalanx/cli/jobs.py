@@ -65,8 +65,10 @@ def jobs(
     owner: str | None = typer.Option(None),
 ) -> None:
     """List jobs, oldest first, with why each pending one waits."""
-    table = Table("id", "tenant", "owner", "state", "prio", "GPUs", "step", "submitted", "reason", box=None)
-    for j in call(connect().jobs, [s.upper() for s in state], tenant, owner):
+    client = connect()
+    unit = call(client.cluster)["unit"]
+    table = Table("id", "tenant", "owner", "state", "prio", unit, "step", "submitted", "reason", box=None)
+    for j in call(client.jobs, [s.upper() for s in state], tenant, owner):
         step = f"{j['steps_done']}/{j['total_steps'] or '?'}" if j["steps_done"] is not None else "-"
         table.add_row(
             j["id"], j["tenant"], j["owner"], j["state"], str(j["priority"]), str(j["gpus"]), step,
@@ -81,8 +83,9 @@ def status(job_id: str = typer.Argument(...)) -> None:
     client = connect()
     j, story = call(client.job, job_id), call(client.story, job_id)
     placement = ", ".join(f"{node}: {n}" for node, n in (j["placement"] or {}).items()) or "-"
-    fields = {**{k: j[k] for k in ("id", "name", "tenant", "owner", "state", "reason", "priority", "gpus")},
-              "placement": placement}  # fmt: skip
+    unit = call(client.cluster)["unit"]
+    fields = {**{k: j[k] for k in ("id", "name", "tenant", "owner", "state", "reason", "priority")},
+              unit.lower(): j["gpus"], "placement": placement}  # fmt: skip
     for key, value in fields.items():
         out.print(f"[bold]{key:>11}[/] {'-' if value in (None, '') else value}", highlight=False)
     step = f"{j['steps_done']} of {j['total_steps'] or '?'}" if j["steps_done"] is not None else "-"
@@ -145,9 +148,11 @@ def cancel(job_id: str = typer.Argument(...)) -> None:
 
 
 def quota() -> None:
-    """Each tenant you can see: its GPUs, what it uses now, its running and pending jobs."""
-    table = Table("tenant", "quota", "in use", "cohort", "borrow limit", "running", "pending", box=None)
-    for q in call(connect().quota):
+    """Each tenant you can see: its GPUs (or CPU slots), what it uses now, its running and pending jobs."""
+    client = connect()
+    unit = call(client.cluster)["unit"]
+    table = Table("tenant", f"quota {unit}", "in use", "cohort", "borrow limit", "running", "pending", box=None)
+    for q in call(client.quota):
         table.add_row(
             q["tenant"], str(q["nominal_gpus"]), str(q["gpus_in_use"]), q["cohort"] or "-",
             "-" if q["borrowing_limit"] is None else str(q["borrowing_limit"]), str(q["jobs_running"]),
@@ -160,10 +165,11 @@ def usage(
     since: str = typer.Option("30d", help="24h, 7d, a date (2026-12-01), or Unix seconds"),
     by_job: bool = typer.Option(False, "--by-job", help="one row per job too"),
 ) -> None:
-    """GPU-hours per tenant (and per job): allocated, and productive by the goodput ledger."""
-    report = call(connect().usage, parse_since(since))
+    """GPU-hours (or CPU slot-hours) per tenant (and per job): allocated, and productive by the goodput ledger."""
+    client = connect()
+    report, unit = call(client.usage, parse_since(since)), call(client.cluster)["unit"].removesuffix("s")
     # not the run's goodput (status, the dashboard): that divides by the run's time, this by the GPUs' held time
-    table = Table("tenant", "job", "allocated GPU-h", "productive GPU-h", "productive/allocated", box=None)
+    table = Table("tenant", "job", f"allocated {unit}-h", f"productive {unit}-h", "productive/allocated", box=None)
     for row in report["tenants"] + (report["jobs"] if by_job else []):
         alloc, prod = row["allocated_gpu_hours"], row["productive_gpu_hours"]
         table.add_row(

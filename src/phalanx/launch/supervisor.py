@@ -41,6 +41,7 @@ from phalanx.obs.goodput import write_ledger
 from phalanx.obs.plot import plot_loss
 from phalanx.obs.progress import ProgressFeed, step_line
 from phalanx.obs.protocol import last_heartbeat, last_step
+from phalanx.obs.ranks import RankFigures
 from phalanx.obs.rundir import Outcome, RunDir, RunResult
 from phalanx.obs.summary import summary
 from phalanx.resilience import HangDetector, Stall, StragglerDetector, backoff_s
@@ -91,6 +92,7 @@ class Supervisor:
         self._relayed = 0  # of _signals, those an agent handed over (not sent to this process)
         self.hangs = HangDetector(spec.resilience.hang_timeout_s)
         self.stragglers = StragglerDetector(spec.resilience.straggler_factor)
+        self.ranks = RankFigures(self.run_dir)
         self.rendezvous = rendezvous
         me = this_agent(rendezvous.addr if rendezvous else "127.0.0.1")
         self.agents = Agents(me, Rendezvous(rendezvous.store) if rendezvous else None, spec.resilience.node_timeout_s)
@@ -136,6 +138,7 @@ class Supervisor:
             finally:
                 self._show_progress()
                 self.console.end_status()
+                self.ranks.flush(time.monotonic(), due=True)
         self.events.emit(Event.RUN_FINISHED, **result.to_json())
         self.run_dir.write_result(result)
         ledger = write_ledger(self.run_dir)
@@ -311,9 +314,11 @@ class Supervisor:
         now = time.monotonic()
         for rank in range(plan.world_size):
             if (beat := last_heartbeat(store, rank)) is not None:
+                self.ranks.observe(rank, plan.node_of(rank), beat)
                 self.hangs.observe(rank, beat["step"], now)
                 if beat.get("compute_s") is not None:
                     self.stragglers.observe(rank, beat["step"], beat["compute_s"])
+        self.ranks.flush(now)
         if (slow := self.stragglers.check()) is not None:
             node = plan.node_of(slow.rank)
             self.say(

@@ -6,6 +6,7 @@ second, and most runs ended long ago."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +21,17 @@ KEPT = 10_000  # run directories remembered; past that the memory starts again
 
 
 @dataclass(frozen=True)
+class Resumption:
+    """A restart (or an in-process recovery) of the run, and the steps done when training went on after it."""
+
+    at: float
+    in_process: bool
+    category: str  # crash, hang, node_lost, ...
+    cause: str
+    resumed_from: int | None  # None: no step came after it
+
+
+@dataclass(frozen=True)
 class RunDigest:
     ledger: Ledger
     restarts: dict[str, int]  # by category of the failure (crash, hang, node_lost, ...)
@@ -31,6 +43,9 @@ class RunDigest:
     steps_run: int  # step records written, steps run again after a restart included: only ever grows
     pace_s: float | None  # seconds a step takes at the recent pace (progress.pace_s): what an ETA assumes
     tokens_run: float  # their tokens (tokens/s x step time, where the run reports both)
+    resumptions: tuple[Resumption, ...]  # each restart, in order
+    emergency_saves: tuple[tuple[float, int], ...]  # (when, step) of each checkpoint a stop from outside saved
+    first_step: int | None  # the first step record's: the steps done before the run began training
 
     @property
     def restart_count(self) -> int:
@@ -68,6 +83,7 @@ def _read(run: RunDir) -> RunDigest | None:
         return None
     restarts = Counter(e.get("category", "crash") for e in events if e["kind"] in RESTARTS)
     stepped = [m for m in metrics if isinstance(m.get("step"), int)]  # a script's records are its own
+    stepped_at = [_number(m, "ts") or 0.0 for m in stepped]
     return RunDigest(
         ledger=ledger(events, metrics),
         restarts=dict(sorted(restarts.items())),
@@ -79,6 +95,24 @@ def _read(run: RunDir) -> RunDigest | None:
         steps_run=len(metrics),
         pace_s=pace_s(intervals(stepped[-PACE_WINDOW - 1 :]), stepped[-1]) if stepped else None,
         tokens_run=sum((_number(m, "tokens_per_s") or 0.0) * (_number(m, "step_time_s") or 0.0) for m in metrics),
+        resumptions=tuple(_resumption(e, stepped, stepped_at) for e in events if e["kind"] in RESTARTS),
+        emergency_saves=tuple(
+            (e["ts"], e["step"]) for e in events if e["kind"] == Event.PREEMPTED and isinstance(e.get("step"), int)
+        ),
+        first_step=stepped[0]["step"] if stepped else None,
+    )
+
+
+def _resumption(event: dict, stepped: list[dict], stepped_at: list[float]) -> Resumption:
+    """A restart event, and the first step recorded after it (a record's step counts from 0: it is the steps
+    done before it)."""
+    after = bisect.bisect_right(stepped_at, event["ts"])
+    return Resumption(
+        at=event["ts"],
+        in_process=event["kind"] == Event.RECOVERY_STARTED,
+        category=event.get("category", "crash"),
+        cause=event.get("cause") or event.get("reason", ""),
+        resumed_from=stepped[after]["step"] if after < len(stepped) else None,
     )
 
 

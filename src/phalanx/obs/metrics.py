@@ -49,6 +49,24 @@ def peak_memory_bytes(device: torch.device) -> int:
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
 
 
+def gpu_utilisation(device: torch.device) -> float | None:
+    """The share of the last sample period (NVML's, a fraction of a second to a second) in which the GPU ran a
+    kernel, in percent; None on a CPU, or where NVML cannot be read (no pynvml)."""
+    global _nvml
+    if device.type != "cuda" or _nvml is False:
+        return None
+    try:
+        util = float(torch.cuda.utilization(device))
+    except (ModuleNotFoundError, RuntimeError):
+        _nvml = False  # not on every heartbeat again
+        return None
+    _nvml = True
+    return util
+
+
+_nvml: bool | None = None
+
+
 def resident_bytes() -> int | None:
     """This process's resident set size now (Linux), unlike the peak: what shows whether memory is given back."""
     try:

@@ -4,6 +4,7 @@ runs/<name>/<run id>/
     spec.yaml          the resolved spec the run was started with
     events.jsonl       events: the supervisor's (attempts, failures, signals, the outcome), rank 0's (checkpoints)
     metrics.jsonl      per-step metrics written by rank 0
+    ranks.json         each rank's latest step, peak memory and GPU utilisation, from its heartbeats (obs/ranks.py)
     result.json        outcome, exit code and reason, written when the run ends
     goodput.json       the goodput ledger: where the run's wall time went (obs/goodput.py)
     logs/supervisor.log  what the supervisor showed: its lines, the workers' it passed on, the progress, the summary
@@ -87,6 +88,10 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / "ranks.json"
 
     @property
     def result(self) -> Path:

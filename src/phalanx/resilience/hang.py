@@ -21,7 +21,7 @@ WINDOW = 1000  # step times kept for the p99: the recent ones
 @dataclass(frozen=True)
 class Stall:
     rank: int  # the rank behind
-    step: int  # its last reported step
+    step: int  # the steps it completed (a heartbeat's step counts from 0; what people read, from 1)
     silent_s: float  # the longest any rank has gone without progress
     timeout_s: float
 
@@ -69,4 +69,4 @@ class HangDetector:
         if silent <= timeout:
             return None
         rank, (step, _) = min(self._last.items(), key=lambda item: item[1])
-        return Stall(rank, step, silent, timeout)
+        return Stall(rank, step + 1, silent, timeout)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.obs import EventLog, JsonlLog, RunDir, protocol
+from phalanx.obs.metrics import gpu_utilisation, peak_memory_bytes
 from phalanx.obs.protocol import CHAOS_LOSS_KEY, HEARTBEAT_KEY
 from phalanx.spec import JobSpec, load_spec
 
@@ -57,9 +58,15 @@ class WorkerContext:
     def heartbeat(self, step: int, compute_s: float | None = None) -> None:
         """Tell the supervisor this rank made progress (its failure report names the last step reported; a
         rank that stops reporting is hung). ``compute_s``, this rank's own compute in the step, lets it find
-        stragglers."""
+        stragglers; the rank's peak memory and GPU utilisation go to the run's ranks.json (obs/ranks.py)."""
         if self._store is not None:
-            beat = {"step": step, "ts": time.time(), "compute_s": compute_s}
+            beat = {
+                "step": step,
+                "ts": time.time(),
+                "compute_s": compute_s,
+                "peak_memory_bytes": peak_memory_bytes(self.device),  # per rank: rank 0's metrics have only its own
+                "gpu_util": gpu_utilisation(self.device),
+            }
             self._store.set(HEARTBEAT_KEY.format(rank=self.rank), json.dumps(beat))
 
     def report(self, step: int, **metrics: Any) -> None:

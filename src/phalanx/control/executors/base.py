@@ -46,6 +46,7 @@ class Status:
 
 class Executor(Protocol):
     name: str
+    unit: str  # what its capacity counts: "GPUs", or "slots" (CPU slots) where it offers no GPUs
 
     def capacity(self) -> list[Node]:
         """The nodes and GPUs (or CPU slots) this executor offers the scheduler."""

@@ -46,6 +46,7 @@ class LocalExecutor:
         if slots < 1:
             raise ValueError(f"the local executor needs at least one slot; got {slots}")
         self.slots = slots
+        self.unit = "GPUs" if self.gpus else "slots"
         self._devices: dict[str, list[int]] = {}  # execution dir -> GPU indices it holds
         self._children: dict[int, subprocess.Popen] = {}  # started by this server: reaped here
 

@@ -299,6 +299,7 @@ class SlurmExecutor:
                 raise SlurmError(f"the slurm executor needs Slurm's `{command}` on PATH (Debian: slurm-client)")
         self.root, self.partition = Path(root).absolute(), partition
         self._capacity: tuple[float, list[Node]] | None = None
+        self.unit = "GPUs"  # "slots" once sinfo shows a partition without GPUs
 
     def capacity(self) -> list[Node]:
         """Each node of the partition with its GPUs (gres), or its CPUs as slots on a cluster without GPUs;
@@ -307,10 +308,13 @@ class SlurmExecutor:
             return self._capacity[1]
         args = ["sinfo", "-N", "-h", "-o", "%N|%G|%c"] + (["-p", self.partition] if self.partition else [])
         nodes: dict[str, Node] = {}
+        any_gpus = False
         for line in _run(*args).splitlines():
             name, gres, cpus = line.split("|")
             gpus = sum(int(m) for m in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", gres))
             nodes[name] = Node(name, name, gpus or int(cpus))
+            any_gpus = any_gpus or gpus > 0
+        self.unit = "GPUs" if any_gpus else "slots"
         if not nodes:
             raise SlurmError(f"sinfo lists no nodes{f' in partition {self.partition}' if self.partition else ''}")
         self._capacity = (time.monotonic(), list(nodes.values()))

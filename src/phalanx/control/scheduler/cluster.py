@@ -19,7 +19,8 @@ class Cluster:
     have free (``by_free``, insertion-ordered for determinism), so a job that fits on one node finds its
     tightest node without a scan of the fleet."""
 
-    def __init__(self, nodes: Iterable[Node]):
+    def __init__(self, nodes: Iterable[Node], unit: str = "GPUs"):
+        self.unit = unit  # what a node's count counts, in the scheduler's words: GPUs, or CPU slots ("slots")
         self.nodes: dict[str, Node] = {}
         for node in nodes:
             if node.name in self.nodes:
@@ -45,9 +46,13 @@ class Cluster:
         """The same nodes with their free GPUs now: a view that work can be tried on (a round's admissions, a
         preemption's what-if) without touching this one."""
         view = object.__new__(Cluster)
-        view.nodes, view.racks, view.largest = self.nodes, self.racks, self.largest
+        view.nodes, view.racks, view.largest, view.unit = self.nodes, self.racks, self.largest, self.unit
         view.free, view.by_free = dict(self.free), {k: dict(names) for k, names in self.by_free.items()}
         return view
+
+    def of(self, count: int) -> str:
+        """``count`` in the cluster's unit: "1 GPU", "4 slots"."""
+        return f"{count} {self.unit if count != 1 else self.unit.removesuffix('s')}"
 
     @property
     def total_gpus(self) -> int:

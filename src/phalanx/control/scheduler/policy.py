@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
+from phalanx.control.scheduler.cluster import Cluster
 from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Job, Round, Run
 from phalanx.control.scheduler.service import Levels
@@ -96,13 +97,13 @@ class PredictiveLas:
                 snap.admit(job, placement, borrowing)
                 continue
             else:
-                snap.wait(job, "placement", f"no room for {_shape(job)}")
+                snap.wait(job, "placement", f"no room for {_shape(job, snap.cluster)}")
             if len(blocked) < 2 * self.plans_per_round:
                 blocked.append((job, level))
         blocked += self._reclaimers(snap, {job.id for job, _ in blocked})
         self._preempt(snap, [(job, level) for job, level in blocked if job.id not in making_room])
         snap.round.otherwise = (
-            f"no room: {snap.cluster.free_gpus} of {snap.cluster.total_gpus} GPUs free"
+            f"no room: {snap.cluster.free_gpus} of {snap.cluster.of(snap.cluster.total_gpus)} free"
             if snap.nothing_fits()
             else "not reached this round: the jobs ahead of it in the queue took what was free"
         )
@@ -195,7 +196,7 @@ class PredictiveLas:
             cost = self.cost.gpu_s(sum(gpus), sum(g * g for g in gpus))
             heuristic = any(rules[run.id] == "least service" for run in victims)  # the others are owed
             if heuristic and spent + cost > allowed:
-                snap.wait(job, "placement", f"no room for {_shape(job)}; the preemption budget is spent")
+                snap.wait(job, "placement", f"no room for {_shape(job, snap.cluster)}; the preemption budget is spent")
                 continue
             spent += cost
             plans += 1
@@ -209,16 +210,17 @@ class PredictiveLas:
             t = snap.state.tenants[victim.tenant]
             return (
                 f"reclaim: tenant {job.tenant} needs its quota back for {job.id}; tenant {t.name} is borrowing "
-                f"({snap.held[t.name]} of its {t.nominal_gpus} GPUs held)"
+                f"({snap.held[t.name]} of its {snap.cluster.of(t.nominal_gpus)} held)"
             )
         if rule == "priority":
             return f"priority: {job.id} (priority {job.priority}) outranks it ({victim.priority})"
         served = victim.gpus * (now - run.started + self.levels.executed_s(victim, run.started))
+        unit_s = f"{snap.cluster.unit.removesuffix('s')}-seconds"
         return (
-            f"least service: {job.id} has run less than {self.threshold_gpu_s:,.0f} GPU-seconds; this one "
+            f"least service: {job.id} has run less than {self.threshold_gpu_s:,.0f} {unit_s}; this one "
             f"{served:,.0f} since its last reset (predicted {victim.predicted_s:,.0f} s in all)"
         )
 
 
-def _shape(job: Job) -> str:
-    return f"{job.workers} x {job.per_worker} GPU(s)" if job.workers > 1 else f"{job.gpus} GPU(s)"
+def _shape(job: Job, cluster: Cluster) -> str:
+    return f"{job.workers} x {cluster.of(job.per_worker)}" if job.workers > 1 else cluster.of(job.gpus)

@@ -38,15 +38,17 @@ class Snapshot:
                 return False, None
             in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
             return False, (
-                f"within tenant {tenant.name}'s quota, but cohort {tenant.cohort} has lent its GPUs out "
+                f"within tenant {tenant.name}'s quota, but cohort {tenant.cohort} has lent its {self.cluster.unit} out "
                 f"({in_use} of {nominal} in use): to be reclaimed"
             )
-        have = f"tenant {tenant.name} holds {held} of its {tenant.nominal_gpus}-GPU quota and this job needs {need}"
+        quota = self.cluster.of(tenant.nominal_gpus)
+        have = f"tenant {tenant.name} holds {held} of the {quota} of its quota and this job needs {need}"
         if tenant.cohort is None:
             return True, f"{have}; it is in no cohort to borrow from"
         over = held + need - tenant.nominal_gpus
         if tenant.borrowing_limit is not None and over > tenant.borrowing_limit:
-            return True, f"{have}; that would borrow {over} GPUs, over its borrowing limit of {tenant.borrowing_limit}"
+            limit = tenant.borrowing_limit
+            return True, f"{have}; that would borrow {self.cluster.of(over)}, over its borrowing limit of {limit}"
         in_use, nominal = self.cohort_held[tenant.cohort], self.cohort_nominal[tenant.cohort]
         if in_use + need > nominal:
             return True, f"{have}; cohort {tenant.cohort} has no idle quota to lend ({in_use} of {nominal} in use)"

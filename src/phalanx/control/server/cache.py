@@ -39,12 +39,12 @@ class Cache:
         self.read_to: dict[str, int] = {}  # run directory -> bytes of its events already read
 
     # --- built from the store
-    def load(self, s: Session, nodes: list[core.Node], now: float) -> core.State:
+    def load(self, s: Session, nodes: list[core.Node], now: float, unit: str = "GPUs") -> core.State:
         """The state from the store: the tenants, the running jobs where they run (their last committed
         checkpoints read from their run directories), the queue, and the jobs that take the room made for them
         first."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
-        state = core.State(core.Cluster(nodes), self._tenants(s), core.Queue(self.policy.key))
+        state = core.State(core.Cluster(nodes, unit), self._tenants(s), core.Queue(self.policy.key))
         self.predictor = self._history(s)
         ran = self._ran(s)
         active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()

@@ -11,6 +11,7 @@ from phalanx.control.server import views
 from phalanx.control.store import FINAL, Execution, Job, JobState, Scope, user_name
 from phalanx.obs.digest import digest
 from phalanx.obs.events import BAD_STEPS, FAILURES, RESTARTS, Event
+from phalanx.obs.ranks import read_ranks
 
 JOBS_SHOWN = 500  # the newest; the API pages through all of them
 UTILISATION_POINTS = 120
@@ -56,7 +57,8 @@ def jobs(caller: Scope) -> dict[str, Any]:
 
 def job(caller: Scope, job_id: str) -> dict[str, Any]:
     """Everything the job page shows: its row, each step's metrics by execution and attempt, the restarts with
-    their causes, the goodput breakdown, the timeline, the ranks that have logs, and the stack dumps."""
+    their causes, the goodput breakdown, the timeline, each rank's memory and GPU use, the ranks that have
+    logs, and the stack dumps."""
     found = caller.job(job_id)
     runs = views.run_dirs(caller, found)
     events = views.events(runs)
@@ -109,6 +111,7 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
         "goodput": views.goodput(runs),
         "timeline": sorted(timeline, key=lambda e: e["ts"]),
         "ranks": views.log_ranks(latest),
+        "per_rank": read_ranks(latest) if latest is not None else [],  # the latest execution's heartbeats
         "stacks": stacks,
         "final": found.state in FINAL,
     }

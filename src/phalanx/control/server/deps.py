@@ -19,8 +19,8 @@ MAX_TOKEN_S = 365 * 86400  # the longest a token may live, whoever makes it (pha
 
 
 class Server:
-    """What the routes need: the store, where jobs' files go, the cluster's size, a way to wake the loop, and
-    the longest a token may live."""
+    """What the routes need: the store, where jobs' files go, the cluster's size and what it counts (GPUs, or
+    CPU slots: ``unit``), a way to wake the loop, and the longest a token may live."""
 
     def __init__(
         self,
@@ -29,9 +29,10 @@ class Server:
         capacity: int,
         wake: Callable[[], None],
         max_token_s: float = MAX_TOKEN_S,
+        unit: str = "GPUs",
     ):
         self.store, self.jobs_dir, self.capacity, self.wake = store, jobs_dir, capacity, wake
-        self.max_token_s = max_token_s
+        self.max_token_s, self.unit = max_token_s, unit
 
     @contextlib.contextmanager
     def scope(self, authorization: str | None, write: bool = False) -> Iterator[Scope]:

@@ -69,7 +69,7 @@ def gang_shape(spec: JobSpec) -> tuple[int, int]:
     return res.nodes + res.spare_nodes, res.procs_per_node
 
 
-def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: float) -> Job:
+def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: float, unit: str = "GPUs") -> Job:
     """Validate and queue a job, new or going on from a job that ended (``resume_from``: its checkpoints, and
     by default its spec and directory). Raises SpecError (every issue, with its field path), NotFound for a
     tenant or job the caller cannot see, Forbidden for a viewer, Conflict for resuming a job still going."""
@@ -94,7 +94,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
     if workers * per_worker > capacity:
         raise SpecError(
             "the submitted spec",
-            [SpecIssue("resources", f"the job needs {workers * per_worker} GPUs; the cluster has {capacity} in all")],
+            [SpecIssue("resources", f"the job needs {workers * per_worker} {unit}; the cluster has {capacity} in all")],
         )
     job_id = f"{spec.name[:20]}-{secrets.token_hex(4)}"
     if spec.checkpoint.dir is None:  # every execution of the job resumes from the same checkpoints

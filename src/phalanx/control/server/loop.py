@@ -107,7 +107,7 @@ class Controller:
                     return
                 except Stale as e:
                     log.info("rebuilding the scheduler's cache: %s", e)
-            self.cache.load(s, nodes, now)
+            self.cache.load(s, nodes, now, self.executor.unit)
 
     # --- 1: what the executor says about running jobs
     def _reconcile(self, now: float) -> None:

@@ -73,7 +73,8 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     policy = core.PredictiveLas(cost=settings.cost)
     controller = Controller(store, executor, policy, tick_s=settings.tick_s)
     capacity = sum(node.gpus for node in executor.capacity())
-    return Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s), controller, token
+    server = Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s, executor.unit)
+    return server, controller, token
 
 
 def serve(settings: Settings) -> None:

@@ -176,6 +176,11 @@ class LogChunk(BaseModel):
     ranks: list[int] = Field(description="the ranks with a log in this execution")
 
 
+class Cluster(BaseModel):
+    capacity: int = Field(description="what the executor offers in all")
+    unit: str = Field(description="what it counts: GPUs, or slots (CPU slots, on a machine without GPUs)")
+
+
 class Quota(BaseModel):
     tenant: str
     nominal_gpus: int

@@ -3,6 +3,7 @@ server is not in the data path: the job's supervisor writes these files, the ser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -12,8 +13,8 @@ from phalanx.checkpoint import CheckpointDir
 from phalanx.control.server.models import JobStory, LogChunk, Restart, Stop, Usage, UsageReport
 from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope
 from phalanx.obs.digest import digest
-from phalanx.obs.events import RESTARTS, Event, read_jsonl
-from phalanx.obs.goodput import CATEGORIES, read_run
+from phalanx.obs.events import read_jsonl
+from phalanx.obs.goodput import CATEGORIES
 from phalanx.obs.rundir import RunDir
 
 LOG_CHUNK = 1 << 20
@@ -89,26 +90,17 @@ def goodput(runs: list[tuple[int, RunDir]]) -> dict[str, Any]:
 
 
 def story(runs: list[tuple[int, RunDir]]) -> JobStory:
-    """The job's restarts, emergency checkpoints and resumptions, from its runs' events and rank 0's steps (a
-    step record's ``step`` counts from 0, so the first one after a resumption is the steps done before it). A
-    script writes its own records: a step that is not a whole number is left out."""
+    """The job's restarts, emergency checkpoints and resumptions, from its runs' digests (read again only when
+    a run's files changed)."""
     restarts, stops, resumed, last = [], [], {}, None
     for n, run in runs:
-        events, metrics = read_run(run)
-        metrics = [m for m in metrics if isinstance(m.get("step"), int)]
-        for e in events:
-            if e["kind"] in RESTARTS:
-                after = next((m["step"] for m in metrics if m["ts"] > e["ts"]), None)
-                cause = e.get("cause") or e.get("reason", "")
-                in_process = e["kind"] == Event.RECOVERY_STARTED
-                category = e.get("category", "crash")
-                restarts.append(Restart(execution=n, at=e["ts"], in_process=in_process, category=category,
-                                        cause=cause, resumed_from=after))  # fmt: skip
-            elif e["kind"] == Event.PREEMPTED and isinstance(e.get("step"), int):
-                stops.append(Stop(execution=n, at=e["ts"], checkpoint_step=e["step"]))
-        if metrics and n != runs[0][0]:
-            resumed[n] = metrics[0]["step"]
-        last = digest(run) if metrics else last
+        if (said := digest(run)) is None:
+            continue
+        restarts += [Restart(execution=n, **dataclasses.asdict(r)) for r in said.resumptions]
+        stops += [Stop(execution=n, at=at, checkpoint_step=step) for at, step in said.emergency_saves]
+        if said.first_step is not None and n != runs[0][0]:
+            resumed[n] = said.first_step
+        last = said if said.steps_done is not None else last
     ledger = goodput(runs)
     return JobStory(
         restarts=restarts, stops=stops, resumed=resumed, steps_done=last.steps_done if last else None,

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import Query
 
 from phalanx.control.server import views
-from phalanx.control.server.deps import ServerDep, Token
+from phalanx.control.server.deps import Server, ServerDep, Token
 from phalanx.control.server.lifecycle import Conflict
-from phalanx.control.server.models import Quota, TenantIn, TenantOut, TenantPatch, UsageReport
+from phalanx.control.server.models import Cluster, Quota, TenantIn, TenantOut, TenantPatch, UsageReport
 from phalanx.control.server.routes import router as _router
 from phalanx.control.store import Tenant
 
@@ -31,7 +31,7 @@ def create_tenant(body: TenantIn, server: ServerDep, token: Token) -> TenantOut:
             raise Conflict(f"tenant {body.name!r} already exists")
         tenant = Tenant(**body.model_dump(), created_at=time.time())
         caller.add(tenant)
-        created = _checked(TenantOut.model_validate(tenant), server.capacity)
+        created = _checked(TenantOut.model_validate(tenant), server)
     server.wake()
     return created
 
@@ -49,19 +49,26 @@ def update_tenant(name: str, body: TenantPatch, server: ServerDep, token: Token)
         caller.require_admin(f"changing tenant {name}'s quota")
         for field, value in body.model_dump(exclude_unset=True).items():
             setattr(tenant, field, value)
-        changed = _checked(TenantOut.model_validate(tenant), server.capacity)
+        changed = _checked(TenantOut.model_validate(tenant), server)
     server.wake()
     return changed
 
 
-def _checked(tenant: TenantOut, capacity: int) -> TenantOut:
+def _checked(tenant: TenantOut, server: Server) -> TenantOut:
     """A quota larger than the whole cluster is kept (the cluster may grow), with a warning."""
-    if tenant.nominal_gpus > capacity:
+    if tenant.nominal_gpus > server.capacity:
         tenant.warning = (
-            f"tenant {tenant.name}'s quota of {tenant.nominal_gpus} GPUs is more than the cluster's {capacity}: "
-            "it can never hold all of it"
+            f"tenant {tenant.name}'s quota of {tenant.nominal_gpus} {server.unit} is more than the cluster's "
+            f"{server.capacity}: it can never hold all of it"
         )
     return tenant
+
+
+@router.get("/api/v1/cluster", tags=["tenants"])
+async def cluster(server: ServerDep, token: Token) -> Cluster:
+    """What the tenants' quotas share: the executor's capacity, and what it counts (GPUs, or CPU slots)."""
+    with server.scope(token):
+        return Cluster(capacity=server.capacity, unit=server.unit)
 
 
 @router.get("/api/v1/quota", tags=["tenants"])

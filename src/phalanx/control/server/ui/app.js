@@ -12,6 +12,7 @@ const GOODPUT = {
   detection: "#e67700", recovery: "#f08c00", idle: "#adb5bd",
 };
 let token = sessionStorage.getItem("phalanx-token");
+let unit = "GPUs"; // what the cluster counts: GPUs, or CPU slots ("slots") on a machine without GPUs
 let channel = null; // the live channel of the page shown
 let follow = null; // the log poller of the job page
 
@@ -87,6 +88,7 @@ async function whoami() {
   const response = await fetch("/api/v1/whoami", { headers: { Authorization: `Bearer ${token}` } });
   if (!response.ok) throw new Error("that token is not valid (missing, expired or revoked)");
   const who = await response.json();
+  unit = (await api("/cluster")).unit;
   $("#who").textContent = `${who.user} (${who.role}${who.tenant ? `, ${who.tenant}` : ""})`;
   $("#logout").hidden = false;
   return who;
@@ -102,7 +104,7 @@ function logout() {
 
 // --- the jobs table
 const COLUMNS = [
-  ["id", "job"], ["tenant", "tenant"], ["state", "state"], ["gpus", "GPUs"], ["progress", "progress"],
+  ["id", "job"], ["tenant", "tenant"], ["state", "state"], ["gpus", null], ["progress", "progress"],
   ["eta_s", "ETA"], ["tokens_per_s", "tokens/s"], ["mfu", "MFU"], ["goodput", "goodput"], ["restarts", "restarts"],
   ["submitted_at", "submitted"],
 ];
@@ -117,7 +119,7 @@ function jobsPage() {
         ${STATES.map((s) => `<option ${s === table.state ? "selected" : ""}>${s}</option>`).join("")}</select>
       <span id="count"></span><button id="compare">Compare the loss of the jobs picked</button>
     </div>
-    <table id="jobs-table"><thead><tr><th></th>${COLUMNS.map(([k, label]) => `<th data-sort="${k}">${label}</th>`).join("")}</tr></thead>
+    <table id="jobs-table"><thead><tr><th></th>${COLUMNS.map(([k, label]) => `<th data-sort="${k}">${label ?? unit}</th>`).join("")}</tr></thead>
       <tbody></tbody></table>
     <h2>Submit a job</h2>
     <textarea id="submit-spec" rows="8" placeholder="name: my-job&#10;resources: {procs_per_node: 2, device: cpu}&#10;train: {model: {preset: llama-tiny}, steps: 100}"></textarea>
@@ -140,7 +142,7 @@ function jobsPage() {
         <td data-label="pick"><input type="checkbox" class="pick" value="${esc(j.id)}" ${picked.has(j.id) ? "checked" : ""}></td>
         <td data-label="job"><a href="#/jobs/${esc(j.id)}">${esc(j.id)}</a></td><td data-label="tenant">${esc(j.tenant)}</td>
         <td data-label="state" class="state state-${esc(j.state)}" title="${esc(j.reason)}">${esc(j.state)}</td>
-        <td data-label="GPUs">${j.gpus}</td>
+        <td data-label="${unit}">${j.gpus}</td>
         <td data-label="progress" class="progress"><div class="bar"><span style="width:${100 * (j.progress || 0)}%"></span></div>
           ${j.steps_done == null ? "" : `${j.steps_done}${j.total_steps ? ` / ${j.total_steps}` : ""}`}</td>
         <td data-label="ETA">${duration(j.eta_s)}</td><td data-label="tokens/s">${num(j.tokens_per_s)}</td>
@@ -264,6 +266,8 @@ function jobPage(id) {
     <div class="charts"><div id="chart-loss"></div><div id="chart-tokens"></div><div id="chart-mfu"></div>
       <div id="chart-step"></div><div id="chart-memory"></div></div>
     <p class="legend">${MARKS.map(([kind, text, color]) => `<span data-mark="${kind}"><i style="background:${color}"></i>${text}</span>`).join("")}</p>
+    <h2>Ranks</h2><table id="per-rank"><thead><tr><th>rank</th><th>node</th><th>steps done</th><th>peak memory</th><th></th>
+      <th>GPU busy</th></tr></thead><tbody><tr><td colspan="6" class="why">no heartbeat yet</td></tr></tbody></table>
     <h2>Goodput</h2><div id="goodput"></div>
     <h2>Restarts</h2><ol id="restarts"></ol>
     <h2>Timeline</h2><table id="timeline"><tbody></tbody></table>
@@ -274,8 +278,8 @@ function jobPage(id) {
     <pre id="log"></pre>
     <details><summary>The resolved spec</summary><pre id="spec"></pre></details>
     <h2>Stack dumps</h2><div id="stacks"><p class="why">none: dumped when a rank is found hung</p></div>`;
-  const gib = (v) => `${(v / 2 ** 30).toFixed(2)} GiB`;
   const short = (v) => Number(v.toPrecision(3)).toString(); // a y label with no more digits than it needs
+  const bytes = (v) => (v >= 2 ** 30 ? `${short(v / 2 ** 30)} GiB` : `${short(v / 2 ** 20)} MiB`);
   let charts = null, shown = null;
   const makeCharts = (byStep) => {
     charts = {
@@ -283,7 +287,7 @@ function jobPage(id) {
       tokens_per_s: chart($("#chart-tokens"), "tokens/s", "tokens/s", (v) => num(v), undefined, byStep),
       mfu: chart($("#chart-mfu"), "MFU", "MFU", (v) => pct(v), "none reported: the device's peak FLOPs are not known (a CPU)", byStep),
       step_time_s: chart($("#chart-step"), "step time", "s", (v) => `${short(v)} s`, undefined, byStep),
-      peak_memory_bytes: chart($("#chart-memory"), "peak memory", "memory", gib, undefined, byStep),
+      peak_memory_bytes: chart($("#chart-memory"), "peak memory", "memory", bytes, undefined, byStep),
     };
     if (shown) drawCharts(shown);
   };
@@ -356,6 +360,12 @@ function jobPage(id) {
       ["tokens", num(s.tokens) || "-"], ["goodput", pct(d.goodput.goodput) || "-"], ["restarts", String(j.restarts)],
     ].map(([k, v]) => `<div data-field="${k}"><span>${k}</span><b>${v}</b></div>`).join("");
     drawCharts(d);
+    const most = Math.max(1, ...d.per_rank.map((r) => r.peak_memory_bytes ?? 0)); // the bars: against the largest
+    if (d.per_rank.length) $("#per-rank tbody").innerHTML = d.per_rank.map((r) => `<tr data-rank="${r.rank}">
+      <td data-label="rank">${r.rank}</td><td data-label="node">${r.node}</td><td data-label="steps done">${r.step == null ? "-" : r.step + 1}</td>
+      <td data-label="peak memory">${r.peak_memory_bytes == null ? "-" : bytes(r.peak_memory_bytes)}</td>
+      <td data-label="against the largest"><div class="bar" style="width:10em"><span style="width:${(100 * (r.peak_memory_bytes ?? 0)) / most}%"></span></div></td>
+      <td data-label="GPU busy">${r.gpu_util == null ? "no GPU" : `${num(r.gpu_util)}%`}</td></tr>`).join("");
     const g = d.goodput;
     $("#goodput").innerHTML = `<div class="goodput">${Object.entries(g.seconds).map(([k, s]) =>
       `<span data-category="${k}" style="width:${g.wall_s ? (100 * s) / g.wall_s : 0}%;background:${GOODPUT[k]}" title="${k} ${s.toFixed(1)} s"></span>`).join("")}</div>
@@ -410,16 +420,16 @@ function comparePage(ids) {
 function fleetPage() {
   main.innerHTML = `
     <h1>Fleet</h1><p id="capacity"></p>
-    <h2>GPUs by tenant</h2>
+    <h2>${unit} by tenant</h2>
     <table id="tenants"><thead><tr><th>tenant</th><th>in use / quota</th><th></th><th>borrowing limit</th><th>preemptions</th></tr></thead><tbody></tbody></table>
     <h2>Queue</h2>
-    <table id="queue"><thead><tr><th>job</th><th>tenant</th><th>GPUs</th><th>priority</th><th>waiting</th><th>why</th></tr></thead><tbody></tbody></table>
+    <table id="queue"><thead><tr><th>job</th><th>tenant</th><th>${unit}</th><th>priority</th><th>waiting</th><th>why</th></tr></thead><tbody></tbody></table>
     <h2>Utilisation, last 24 hours</h2><div id="chart-utilisation"></div>`;
-  const used = chart($("#chart-utilisation"), "GPUs allocated, the most in each 12 minutes", "GPUs", (v) => num(v, 1),
+  const used = chart($("#chart-utilisation"), `${unit} allocated, the most in each 12 minutes`, unit, (v) => num(v, 1),
     "no execution in the last 24 hours", false);
   live("fleet", null, (d) => {
     const inUse = d.tenants.reduce((sum, t) => sum + t.gpus_in_use, 0);
-    $("#capacity").textContent = `${inUse} of ${d.capacity} GPUs in use; ${d.queue.length} job(s) waiting`;
+    $("#capacity").textContent = `${inUse} of ${d.capacity} ${unit} in use; ${d.queue.length} job(s) waiting`;
     $("#tenants tbody").innerHTML = d.tenants.map((t) => {
       const scale = Math.max(d.capacity, t.gpus_in_use, 1); // against the whole cluster
       return `<tr data-tenant="${esc(t.name)}"><td data-label="tenant">${esc(t.name)}</td><td data-label="in use / quota">${t.gpus_in_use} / ${t.nominal_gpus}</td>
@@ -430,7 +440,7 @@ function fleetPage() {
         <td data-label="preemptions">${t.preemptions}</td></tr>`;
     }).join("");
     $("#queue tbody").innerHTML = d.queue.map((q) => `<tr data-job="${esc(q.id)}"><td data-label="job"><a href="#/jobs/${esc(q.id)}">${esc(q.id)}</a></td>
-      <td data-label="tenant">${esc(q.tenant)}</td><td data-label="GPUs">${q.gpus}</td><td data-label="priority">${q.priority}</td>
+      <td data-label="tenant">${esc(q.tenant)}</td><td data-label="${unit}">${q.gpus}</td><td data-label="priority">${q.priority}</td>
       <td data-label="waiting">${duration(q.waiting_s)}</td><td data-label="why" class="why">${esc(q.why)}</td></tr>`).join("")
       || "<tr><td colspan=\"6\" class=\"why\">nothing waits</td></tr>";
     used.show(d.utilisation.ts, d.utilisation.max);
