@@ -130,7 +130,7 @@ def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_rest
     in_process = ["recovery_started", "recovered_in_process"] * 3
     assert kinds == ["attempt_started", *in_process, "hang_detected", "attempt_started"]
     recovered = _events(run, "recovered_in_process")
-    assert [e["rank"] for e in recovered] == [1, 0, 1] and all(e["attempt"] == 0 for e in recovered)
+    assert [e["ranks"] for e in recovered] == [[1], [0], [1]] and all(e["attempt"] == 0 for e in recovered)
     assert all(e["lost_steps"] <= 1 for e in recovered)  # a snapshot every step: at most the step in flight
     # Every step's loss, before and after each recovery, is the uninterrupted run's; the weights are too.
     seen = _steps(run)
@@ -141,7 +141,7 @@ def test_killed_ranks_are_replaced_in_process_bitwise_identical_then_a_hang_rest
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # The summary says which path each recovery took; the promoted spare writes into its rank's log.
     said = out[out.index("── phalanx run") :]
-    assert said.count("in process: a spare took rank") == 3 and "restarts   4:" in said
+    assert said.count("in process: warm spares took rank") == 3 and "restarts   4:" in said
     assert "warm spare" in (run / "logs" / "rank-0.log").read_text()
     spent = (run / "goodput.json").read_text()
     assert '"recovery"' in spent
@@ -237,7 +237,7 @@ def test_a_second_failure_during_a_recovery_falls_back_to_a_restart(job: Job, tm
     out = _output(job, sup, timeout=240)
     assert sup.returncode == 0, out[-4000:]
     refused = _events(run, "in_process_refused")
-    assert refused and "another rank failed during the recovery" in refused[0]["why"], out[-3000:]
+    assert refused and "another failure came during the recovery of rank" in refused[0]["why"], out[-3000:]
     assert len(_events(run, "restart_scheduled")) == 1 and len(_events(run, "attempt_started")) == 2
     a = _weights(tmp_path / "straight", tmp_path / "a.pt", 24)
     b = _weights(tmp_path / "both", tmp_path / "b.pt", 24)
@@ -247,12 +247,11 @@ def test_a_second_failure_during_a_recovery_falls_back_to_a_restart(job: Job, tm
 @pytest.mark.parametrize(
     ("resources", "extra", "says"),
     [
-        ("{nodes: 2, procs_per_node: 2}", "", "in-process recovery runs on one node for now"),
         ("{procs_per_node: 1}", "", "no rank would survive"),
         ("{procs_per_node: 2}", "command: [python, x.py]\n", "rebuilds the built-in recipe's state"),
     ],
 )
-def test_in_process_needs_the_recipe_one_node_and_two_ranks(resources: str, extra: str, says: str) -> None:
+def test_in_process_needs_the_recipe_and_two_ranks(resources: str, extra: str, says: str) -> None:
     body = extra or "train: {steps: 10, global_batch: 8, micro_batch: 1}\n"
     with pytest.raises(SpecError) as e:
         parse_spec(f"name: t\nresources: {resources}\n{body}resilience: {{in_process: true}}\n")

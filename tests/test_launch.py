@@ -165,9 +165,9 @@ def test_hang_is_detected_stacks_are_dumped_and_the_job_restarts(job: Job) -> No
     spec = job.command_spec("flaky.py", "hang-once", extra="resilience: {hang_timeout_s: 2, restart_backoff_s: 0}\n")
     result = job.run(spec)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "rank 1 hung: no progress past step 1 for" in result.stdout and "(hang timeout 2.0 s)" in result.stdout
-    (found,) = _events(job, "hang_detected")
-    assert found["rank"] == 1 and found["step"] == 1 and found["silent_s"] > 2
+    assert "rank 1 hung: no progress past step 2 for" in result.stdout and "(hang timeout 2.0 s)" in result.stdout
+    (found,) = _events(job, "hang_detected")  # steps counted from 1, as everywhere a person reads them
+    assert found["rank"] == 1 and found["step"] == 2 and found["silent_s"] > 2
     stacks = (job.run_dir() / "logs" / "rank-1.stacks.txt").read_text()
     assert "in stuck" in stacks and "flaky.py" in stacks  # the hung rank's own Python stack
     assert "barrier" in (job.run_dir() / "logs" / "rank-0.stacks.txt").read_text()  # rank 0 waits for it

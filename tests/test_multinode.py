@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -26,14 +27,24 @@ from test_resilience import _weights
 STEPS = 24
 
 
-def _spec(job: Job, ckpt: Path, nodes: int = 2, procs: int = 2, extra: str = "", parallel: str = "{}") -> Path:
+def _spec(
+    job: Job, ckpt: Path, nodes: int = 2, procs: int = 2, extra: str = "", parallel: str = "{}", steps: int = STEPS,
+    resilience: str = "",
+) -> Path:  # fmt: skip
     return job.spec(
         f"name: t\nresources: {{nodes: {nodes}, procs_per_node: {procs}, device: cpu{extra}}}\n"
-        f"train: {{model: {{preset: llama-tiny}}, steps: {STEPS}, global_batch: 8, micro_batch: 2, seq_len: 32,"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {steps}, global_batch: 8, micro_batch: 2, seq_len: 32,"
         f" parallel: {parallel}, optimizer: {{lr: 3.0e-3, warmup_steps: 2}}}}\n"
         f"checkpoint: {{dir: '{ckpt}', every_steps: 4, keep_last: 2}}\n"
-        "resilience: {max_restarts: 3, restart_backoff_s: 0, stop_grace_s: 5, hang_timeout_s: 5, allow_shrink: true}\n"
+        "resilience: {max_restarts: 3, restart_backoff_s: 0, stop_grace_s: 5, hang_timeout_s: 5, allow_shrink: true"
+        f"{resilience}}}\n"
     )
+
+
+def _in_process_spec(job: Job, ckpt: Path) -> Path:
+    """2 x 2 HSDP (replicated across the nodes, sharded within each) with a spare node, recovering in process."""
+    parallel = "{dp_replicate: 2, dp_shard: 2}"
+    return _spec(job, ckpt, extra=", spare_nodes: 1", parallel=parallel, steps=60, resilience=", in_process: true")
 
 
 def _argv(job: Job, spec: Path) -> list[str]:
@@ -206,7 +217,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
         sup.kill()
     assert sup.returncode == 0, out[-4000:]
     (lost,) = _events(run, "node_lost")
-    assert lost["node"] == 1 and lost["addr"] == "127.0.0.3"
+    assert lost["node"] == 1 and lost["addr"] == "127.0.0.3" and not lost["closed"]  # frozen: its tether stays open
     assert lost["ts"] - killed <= 5.0  # resilience.node_timeout_s: 5 by default
     assert "node 1 (127.0.0.3) lost: no heartbeat from its agent" in out
     (changed,) = _events(run, "nodes_changed")
@@ -222,6 +233,53 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
     assert _losses(run) == _losses(clean_run)  # every step, redone ones included, has the clean run's loss
 
 
+@pytest.fixture(scope="module")
+def clean_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A clean run of the in-process job, nothing lost: (its run directory, its checkpoints)."""
+    tmp = tmp_path_factory.mktemp("clean-in-process")
+    job = Job(tmp)
+    _, run = _run(job, _in_process_spec(job, tmp / "ckpt"))
+    return run, tmp / "ckpt"
+
+
+def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
+    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path]
+) -> None:
+    """Node 1's agent and workers killed at a step the test draws: found lost at once (its tether closed), the
+    spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0 and 1 keep their
+    processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
+    clean_run, clean_ckpt = clean_in_process
+    at = random.randrange(12, 40)
+    sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
+    deadline = time.monotonic() + 120
+    while not _events(run, "spares_ready"):  # node 2's spares wait for a rank: a loss from now on is recovered
+        assert sup.poll() is None and time.monotonic() < deadline, "the spare node's spares never got ready"
+        time.sleep(0.05)
+    first = _after_checkpoint(sup, run, steps=at)
+    node1 = _tree(_agent_pid(run, 1))
+    try:
+        for pid in node1:
+            os.kill(pid, signal.SIGKILL)
+        out, _ = sup.communicate(timeout=300)
+    finally:
+        sup.kill()
+    assert sup.returncode == 0, f"killed after step {at}: " + out[-4000:]
+    (lost,) = _events(run, "node_lost")
+    assert lost["node"] == 1 and lost["closed"]  # found by its tether, not after node_timeout_s
+    (began,) = _events(run, "recovery_started")
+    assert (began["node"], began["spare_node"], began["ranks"]) == (1, 2, [2, 3])
+    assert [began["pids"][r] for r in "01"] == [first["pids"][r] for r in "01"]  # the survivors kept their processes
+    (recovered,) = _events(run, "recovered_in_process")
+    assert recovered["ranks"] == [2, 3] and recovered["lost_steps"] <= 1, recovered
+    assert len(_events(run, "attempt_started")) == 1 and not _events(run, "restart_scheduled")
+    assert "warm spares took node 1's ranks on spare node 2, step" in out
+    wait_gone(node1)
+    a = _weights(clean_ckpt, tmp_path / "a.pt", 60)
+    b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", 60)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"killed after step {at}"
+    assert _losses(run) == _losses(clean_run)  # every step, one run again included, has the clean run's loss
+
+
 def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: Path, clean: tuple[Path, Path]) -> None:
     clean_run, _ = clean
     sup, run = _launch(job, _spec(job, tmp_path / "ckpt"))
@@ -229,6 +287,8 @@ def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: 
     os.kill(_agent_pid(run, 1), signal.SIGKILL)
     out, _ = sup.communicate(timeout=300)
     assert sup.returncode == 0, out[-4000:]
+    (lost,) = _events(run, "node_lost")  # found by its tether's closing, not after node_timeout_s of silence
+    assert lost["closed"] and "node 1 (127.0.0.3) lost: its agent's connection to node 0 closed" in out
     assert "shrinking to 1 node(s) without node 1 (lost); no spare left" in out
     assert "nodes: 1" in (run / "spec.attempt-1.yaml").read_text()
     second = _events(run, "attempt_started")[1]

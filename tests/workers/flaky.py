@@ -3,7 +3,7 @@
 user          rank 1 raises ValueError at start (an error in the code: not worth a retry)
 crash-once    rank 1 exits 3 after step 2 of the first attempt (steps counted from 1); later attempts succeed
 crash-always  rank 1 exits 3 after step 2 of every attempt
-hang-once     rank 1 stops making progress after step 1 of the first attempt (blocked in `stuck`);
+hang-once     rank 1 stops making progress after step 2 of the first attempt (blocked in `stuck`);
               the other ranks wait for it in a barrier
 """
 

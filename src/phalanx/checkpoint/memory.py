@@ -158,15 +158,16 @@ class PeerMemory:
             for old in sorted(kept)[:-KEEP]:
                 del kept[old]
 
-    def after_recovery(self, step: int, joiner: int, restored: torch.Tensor) -> None:
-        """Make the ring whole again at ``step`` without a new snapshot: the joiner's copy is already with its
-        holder (it was handed over from there), and the joiner gets the copy it must hold from its neighbour."""
-        if self.rank == joiner:
+    def after_recovery(self, step: int, joiners: list[int], restored: torch.Tensor) -> None:
+        """Make the ring whole again at ``step`` without a new snapshot: each joiner's copy is already with its
+        holder (it was handed over from there), and each joiner gets the copy it must hold from its neighbour
+        (a survivor: with the holders a node away, a lost node's ranks hold none of each other's)."""
+        if self.rank in joiners:
             self.own, self.held = {step: restored}, {step: self.receive(self.held_for)}
             return
         self.own, self.held = {step: self.own[step]}, {step: self.held[step]}
-        if self.holder == joiner:
-            self._send(self.own[step], joiner)
+        if self.holder in joiners:
+            self._send(self.own[step], self.holder)
 
     def _trade(self, mine: torch.Tensor) -> torch.Tensor:
         """Send ``mine`` to the holder and receive the neighbour's: all-to-all collectives (sizes, then the bytes)

@@ -3,11 +3,12 @@ is a member of (a spare waits), and does what node 0 says: dump stacks, stop. No
 supervisor itself (launch/supervisor.py); `phalanx agent` picks the role from ``--node-rank``.
 
 An agent never decides for the job: a rank that fails here is reported to node 0, which ends the attempt on
-every node. The one thing it decides alone is what to do when node 0 is gone: its store fails, or does not
-answer a call within ``resilience.node_timeout_s`` (node 0 frozen or cut off), or its heartbeat stops for as
-long. The agent kills its workers, records the cause in the run directory, runs ``on_lost`` (the cluster
-manager's way to start the job again: Slurm's requeue) and exits with code 1. The rendezvous is not taken over
-by another node (docs/multinode.md says why); the restarted job resumes from its last checkpoint.
+every node. The one thing it decides alone is what to do when node 0 is gone: its store fails (at once when
+node 0's process died), or does not answer a call within ``resilience.node_timeout_s`` (node 0 frozen or cut
+off), or its heartbeat stops for as long. The agent kills
+its workers, records the cause in the run directory, runs ``on_lost`` (the cluster manager's way to start the
+job again: Slurm's requeue) and exits with code 1. The rendezvous is not taken over by another node
+(docs/multinode.md says why); the restarted job resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from phalanx.launch.attempt import POLL_S
+from phalanx.launch.lifetime import recorded_signals
 from phalanx.launch.node import LaunchError, Plan, node_workers, resolve_device, spec_digest
+from phalanx.launch.recovery import SPARE_IDS, WarmSpares
 from phalanx.launch.rendezvous import Heartbeat, Liveness, Rendezvous, RendezvousLost, attempt_key
+from phalanx.launch.tether import tie
 from phalanx.launch.workers import WorkerGroup
 from phalanx.obs import EventLog, RunDir
 from phalanx.obs.console import Console
@@ -55,6 +60,7 @@ class NodeAgent:
         self.timeout_s = spec.resilience.node_timeout_s
         self.coordinator = Liveness(self.timeout_s)
         self.run_dir: RunDir | None = None
+        self.tether: socket.socket | None = None  # held open: node 0 finds this agent's death by its closing
         self.group: WorkerGroup | None = None
         self._signals: list[int] = []
 
@@ -72,21 +78,18 @@ class NodeAgent:
                 "running, and is that its address?)"
             ) from None
         beat = None
-        caught = (signal.SIGINT, signal.SIGTERM)  # handed to node 0, which stops the job on every node
-        previous = {sig: signal.signal(sig, lambda s, _f: self._signals.append(s)) for sig in caught}
-        try:
-            self._join(rdzv)
-            beat = Heartbeat(
-                lambda: Rendezvous.join(host, port, self.timeout_s, self.timeout_s), f"agent/{self.node}/beat"
-            )
-            return self._serve(rdzv)
-        except (RendezvousLost, CoordinatorLost) as e:
-            return self._coordinator_lost(str(e))
-        finally:
-            if beat is not None:
-                beat.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with recorded_signals(self._signals):  # handed to node 0, which stops the job on every node
+            try:
+                self._join(rdzv)
+                beat = Heartbeat(
+                    lambda: Rendezvous.join(host, port, self.timeout_s, self.timeout_s), f"agent/{self.node}/beat"
+                )
+                return self._serve(rdzv)
+            except (RendezvousLost, CoordinatorLost) as e:
+                return self._coordinator_lost(str(e))
+            finally:
+                if beat is not None:
+                    beat.stop()
 
     def _join(self, rdzv: Rendezvous) -> None:
         if rdzv.add(f"agent/{self.node}/claim") > 1:
@@ -113,8 +116,14 @@ class NodeAgent:
         else:
             try:
                 resolve_device(res.device, res.procs_per_node)
+                self.tether = tie(self.rdzv_addr[0], run["tether_port"], self.node, self.timeout_s)
             except LaunchError as e:
                 error = str(e)
+            except OSError as e:
+                error = (
+                    f"cannot reach node 0 at {self.rdzv_addr[0]}:{run['tether_port']} (its tether port, beside the "
+                    f"rendezvous's): {e.strerror or e}"
+                )
         rdzv.put(
             f"agent/{self.node}", {"addr": self.addr, "host": socket.gethostname(), "pid": os.getpid(), "error": error}
         )
@@ -148,20 +157,61 @@ class NodeAgent:
                     self._run_attempt(rdzv, plan)
                     attempt += 1
                     continue
+                if load_spec(plan.spec_path).resilience.in_process:
+                    self._stand_by(rdzv, plan)
+                    attempt += 1
+                    continue
             self._watch_coordinator(rdzv)
             time.sleep(POLL_S)
 
     def _run_attempt(self, rdzv: Rendezvous, plan: Plan) -> None:
         assert self.run_dir is not None
-        a, me = plan.attempt, self.node
         self.group = group = WorkerGroup(
             node_workers(plan, self.node, load_spec(plan.spec_path), self.run_dir), self.console.line
         )
         group.start(header=f"attempt {plan.attempt}")
-        rdzv.put(attempt_key(a, "started", me), {"pids": {w.rank: w.proc.pid for w in group.workers if w.proc}})
+        pids = {w.rank: w.proc.pid for w in group.workers if w.proc}
+        rdzv.put(attempt_key(plan.attempt, "started", self.node), {"pids": pids})
+        self._serve_attempt(rdzv, plan, group)
+
+    def _stand_by(self, rdzv: Rendezvous, plan: Plan) -> None:
+        """A spare node of a job that recovers in process: keep a node's worth of warm spares for the attempt
+        (launch/recovery.py), listed in the rendezvous, until the attempt ends or node 0 gives them a lost
+        node's ranks; then run them as that node's workers."""
+        assert self.run_dir is not None
+        a, me = plan.attempt, self.node
+        self.group = group = WorkerGroup([], self.console.line)
+        spares = WarmSpares(load_spec(plan.spec_path), plan, me, self.run_dir, group, first=me * SPARE_IDS)
+        spares.start(plan.procs)
+        listed = False
+        try:
+            while (takes := rdzv.get(attempt_key(a, "takes", me))) is None:
+                if any(rdzv.has(k) for k in (attempt_key(a, "stop"), attempt_key(a + 1, "plan"), "finished")):
+                    return  # the attempt is over: the spares are not needed
+                if self._signals:
+                    rdzv.put(f"agent/{me}/signal", self._signals[0])
+                spares.adopt()
+                if not listed and len(spares.alive()) == plan.procs:
+                    rdzv.put(attempt_key(a, "spares", me), {str(s.spare): s.proc.pid for s in spares.spares if s.proc})
+                    listed = True
+                self._watch_coordinator(rdzv)
+                time.sleep(POLL_S)
+            by_number = {s.spare: s for s in spares.alive()}
+            for number, rank in takes["ranks"].items():
+                spares.take(by_number[int(number)], rank)
+            group.workers = sorted((w for w in group.workers if w.spare is None), key=lambda w: w.rank)
+            took = replace(plan, members=tuple(me if n == takes["node"] else n for n in plan.members))
+            self._serve_attempt(rdzv, took, group)
+        finally:
+            spares.stop()
+
+    def _serve_attempt(self, rdzv: Rendezvous, plan: Plan, group: WorkerGroup) -> None:
+        """Run this node's part of the attempt: report the first failed rank (or that all exited 0), dump
+        stacks and stop the workers when node 0 says so."""
+        a, me = plan.attempt, self.node
         self.say(
-            f"attempt {plan.attempt}: ranks {plan.ranks(self.node).start}..{plan.ranks(self.node).stop - 1} "
-            f"(group rank {plan.group_rank(self.node)} of {len(plan.members)})"
+            f"attempt {plan.attempt}: ranks {plan.ranks(me).start}..{plan.ranks(me).stop - 1} "
+            f"(group rank {plan.group_rank(me)} of {len(plan.members)})"
         )
         reported = dumped = False
         while (stop := rdzv.get(attempt_key(a, "stop"))) is None:

@@ -9,6 +9,7 @@ agent: `phalanx run` and `phalanx agent` share every line of the attempt loop.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from phalanx.launch.node import LaunchError, Plan
 from phalanx.launch.rendezvous import Liveness, Rendezvous, attempt_key
+from phalanx.launch.tether import Tethers
 from phalanx.launch.workers import Worker, WorkerGroup
 
 POLL_S = 0.1
@@ -47,6 +49,13 @@ class RankFailed:
 class NodeLost:
     node: int
     silent_s: float
+    closed: bool = False  # its tether closed (its agent's process is gone); else its heartbeats stopped
+
+    @property
+    def why(self) -> str:
+        if self.closed:
+            return "its agent's connection to node 0 closed (the agent's process ended)"
+        return f"no heartbeat from its agent for {self.silent_s:.1f} s"
 
 
 Ending = RankFailed | NodeLost | None  # None: every rank exited with code 0
@@ -58,10 +67,12 @@ def this_agent(addr: str) -> Agent:
 
 
 class Agents:
-    def __init__(self, me: Agent, rdzv: Rendezvous | None, timeout_s: float):
-        """``rdzv``: the job's rendezvous (None: a job of one node, this one, and no agents to talk to)."""
+    def __init__(self, me: Agent, rdzv: Rendezvous | None, timeout_s: float, tethers: Tethers | None = None):
+        """``rdzv``: the job's rendezvous (None: a job of one node, this one, and no agents to talk to);
+        ``tethers``: the agents' connections, which find an agent's death at once (launch/tether.py)."""
         self.me = me
         self.rdzv = rdzv
+        self.tethers = tethers
         self.joined: dict[int, Agent] = {me.node: me}
         self.liveness = Liveness(timeout_s)
         self.timeout_s = timeout_s
@@ -112,17 +123,32 @@ class Agents:
         return joined
 
     def lost(self) -> list[NodeLost]:
-        """Agents that have stopped beating (checked for every agent that joined, spares too)."""
+        """Agents whose tether closed or that have stopped beating (checked for every agent that joined, spares
+        too)."""
         others = self.others()
         if not others:
             return []
         now = time.monotonic()
         for node, beat in zip(others, self.rdzv.counters([f"agent/{n}/beat" for n in others]), strict=True):  # type: ignore[union-attr]
             self.liveness.observe(node, beat, now)
-        found = [NodeLost(n, self.liveness.silent_s(n, now)) for n in self.liveness.gone(now) if n not in self.gone]
+        found = [NodeLost(n, self.liveness.silent_s(n, now), closed=True) for n in self._cut(others)]
+        found += [
+            NodeLost(n, self.liveness.silent_s(n, now))
+            for n in self.liveness.gone(now)
+            if n not in self.gone and n not in {f.node for f in found}
+        ]
         self.gone |= {f.node for f in found}
         self.found_lost += found
         return found
+
+    def _cut(self, others: list[int]) -> list[int]:
+        """The agents among ``others`` whose tether closed, but for those that saw the job end and left."""
+        if self.tethers is None:
+            return []
+        cut = [n for n in others if n in self.tethers.cut]
+        left = {n for n in cut if self.rdzv.has(f"agent/{n}/finished")}  # type: ignore[union-attr]
+        self.gone |= left
+        return [n for n in cut if n not in left]
 
     def signalled(self) -> int | None:
         """A signal an agent was sent (SIGINT/SIGTERM): the job stops with it as if node 0 was sent it."""
@@ -199,6 +225,12 @@ class AttemptRun:
             elif ended["rank"] is not None:
                 return True, RankFailed(ended["rank"], node, ended["returncode"], self.pids.get(ended["rank"]))
         return done, None
+
+    def replace(self, lost: int, spare: int, pids: dict[int, int]) -> None:
+        """Node ``lost`` recovered in process: ``spare``'s agent runs its ranks from now on (``pids``)."""
+        self.plan = dataclasses.replace(self.plan, members=tuple(spare if n == lost else n for n in self.plan.members))
+        self.remote = [spare if n == lost else n for n in self.remote]
+        self.pids.update(pids)
 
     def dump_stacks(self) -> None:
         """SIGUSR1 to every worker process on every node: each writes its Python stacks to the run directory."""

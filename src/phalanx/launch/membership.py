@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.launch.attempt import Agents
-from phalanx.launch.node import LaunchError, Plan
+from phalanx.launch.node import LaunchError, Plan, spec_digest
 from phalanx.obs import EventLog, RunDir
 from phalanx.obs.events import Event
+from phalanx.obs.rundir import Outcome, RunResult
 from phalanx.resilience.elastic import FAILURES_TO_EXCLUDE, Capacity, Nodes, resized
 from phalanx.spec import JobSpec, SpecError, dump_spec
 
@@ -30,6 +31,27 @@ class Membership:
         self.nodes = Nodes(res.nodes, r.allow_shrink, max(1, math.ceil(r.min_procs / res.procs_per_node)))
         self.attempt_spec, self.attempt_spec_path = spec, run_dir.spec  # what the next attempt runs
         self._lost_seen = 0  # how many of the agents's lost agents have been looked at
+
+    def gather(self, addr: str, port: int, timeout_s: float, stopped: Callable[[], bool]) -> RunResult | None:
+        """Publish the run in the rendezvous at ``addr:port`` and wait for every member node's agent to join
+        (spares may join later); a failed result if they cannot."""
+        assert self.agents.rdzv is not None
+        res, tethers = self.spec.resources, self.agents.tethers
+        run = {"run_dir": str(self.run_dir.root), "digest": spec_digest(self.spec), "nodes": res.nodes,
+               "spare_nodes": res.spare_nodes, "tether_port": tethers.port if tethers else None}  # fmt: skip
+        self.agents.rdzv.put("run", run)
+        self.say(
+            f"run {self.run_dir.run_id}: waiting for {res.nodes - 1} more node(s) at {addr}:{port} (and up to "
+            f"{res.spare_nodes} spare(s))"
+        )
+        try:
+            self.agents.wait_for(list(range(1, res.nodes)), timeout_s, stopped)
+        except LaunchError as e:
+            self.say(f"cannot start: {e}")
+            return RunResult(Outcome.FAILED, 1, str(e), str(self.run_dir.root))
+        self.poll_spares()
+        self.events.emit(Event.NODES_JOINED, **self.record())
+        return None
 
     def plan(self, attempt: int, port: int) -> Plan:
         """The next attempt's plan, its worker store on this node at ``port``."""
@@ -61,9 +83,14 @@ class Membership:
         for lost in self.agents.found_lost[self._lost_seen :]:
             if lost.node in self.nodes.spares:
                 agent = self.agents.joined[lost.node]
-                self.say(f"spare {agent.name} lost: no heartbeat for {lost.silent_s:.1f} s")
+                self.say(f"spare {agent.name} lost: {lost.why}")
                 self.events.emit(
-                    Event.SPARE_LOST, node=lost.node, addr=agent.addr, host=agent.host, silent_s=lost.silent_s
+                    Event.SPARE_LOST,
+                    node=lost.node,
+                    addr=agent.addr,
+                    host=agent.host,
+                    silent_s=lost.silent_s,
+                    closed=lost.closed,
                 )
                 self._changed(self.nodes.after_failure(lost.node, lost=True))
         self._lost_seen = len(self.agents.found_lost)
@@ -88,6 +115,10 @@ class Membership:
         self._changed(self.nodes.after_failure(failed_node, lost=node_lost))
         if len(self.nodes.members) != before:
             self._run_next(resized(self.spec, nodes=len(self.nodes.members)), attempt)
+
+    def replaced(self, node: int) -> None:
+        """Lost ``node`` recovered in process by the first spare: later attempts run on that spare too."""
+        self._changed(self.nodes.after_failure(node, lost=True))
 
     def _changed(self, change: str | None) -> None:
         if change is not None:

@@ -121,7 +121,8 @@ def rank_env(rank: int, local_rank: int, run_dir: RunDir) -> dict[str, str]:
 
 
 def node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str, str]:
-    """The environment every worker of ``node`` shares: torchrun's variables but the rank's, and phalanx's."""
+    """The environment every worker of ``node`` shares: torchrun's variables but the rank's, and phalanx's (a
+    spare node, not a member, gets its GROUP_RANK with the ranks it takes)."""
     return {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.procs))),
@@ -131,7 +132,7 @@ def node_env(plan: Plan, node: int, spec: JobSpec, run_dir: RunDir) -> dict[str,
         "MASTER_PORT": str(plan.master_port),
         "WORLD_SIZE": str(plan.world_size),
         "LOCAL_WORLD_SIZE": str(plan.procs),
-        "GROUP_RANK": str(plan.group_rank(node)),
+        "GROUP_RANK": str(plan.group_rank(node)) if node in plan.members else "",
         "GROUP_WORLD_SIZE": str(len(plan.members)),
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": str(plan.world_size),

@@ -1,6 +1,7 @@
 """The job's rendezvous: a c10d TCPStore that node 0's agent hosts and every agent joins, and the keys they
 talk through. No socket protocol of our own: every exchange is a JSON value set on a key of the store
-(PrefixStore ``phalanx/``), read by polling, and liveness is a counter each side keeps adding to. Every call
+(PrefixStore ``phalanx/``), read by polling, and liveness is a counter each side keeps adding to (and a
+connection that says nothing, whose closing finds a dead process at once: launch/tether.py). Every call
 another node makes on the store is bounded (``Bounded``): node 0 frozen or cut off is found as surely as node 0
 gone.
 

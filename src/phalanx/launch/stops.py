@@ -16,7 +16,7 @@ from torch.distributed import TCPStore
 
 from phalanx.launch.attempt import Agents, AttemptRun, NodeLost, RankFailed
 from phalanx.launch.node import Plan
-from phalanx.launch.recovery import InProcessRecovery
+from phalanx.launch.recovery import Recovery
 from phalanx.launch.workers import describe_exit
 from phalanx.obs import EventLog
 from phalanx.obs.events import Event
@@ -82,18 +82,20 @@ class Stops:
         return self._failed(f"rank {stall.rank} {failure.why}", failure, said, failed_rank=stall.rank, failed_node=node)
 
     def lost(self, run: AttemptRun, lost: NodeLost, then: list[str] | None = None) -> Stopped:
-        """A member node's agent stopped beating (its machine is gone): kill the workers everywhere else (their
-        collectives cannot complete) and name the node. ``then``: what failed next, already stopped."""
-        why = (
-            f"lost: no heartbeat from its agent for {lost.silent_s:.1f} s "
-            f"(resilience.node_timeout_s {self.agents.timeout_s:g})"
-        )
+        """A member node's agent died or stopped beating (its machine is gone): kill the workers everywhere else
+        (their collectives cannot complete) and name the node. ``then``: what failed next, already stopped."""
+        why = f"lost: {lost.why}" + ("" if lost.closed else f" (resilience.node_timeout_s {self.agents.timeout_s:g})")
         name = self.agents.name(lost.node)
         if then is None:
             self.say(f"{name} {why}; killing the workers on the other nodes")
             run.stop(signal.SIGKILL, 0)
         self.events.emit(
-            Event.NODE_LOST, node=lost.node, **self.agents.where(lost.node), silent_s=lost.silent_s, then=then or []
+            Event.NODE_LOST,
+            node=lost.node,
+            **self.agents.where(lost.node),
+            silent_s=lost.silent_s,
+            closed=lost.closed,
+            then=then or [],
         )
         reason = f"{name} {why}"
         return self._failed(
@@ -147,19 +149,23 @@ class Stops:
         reason = f"rank {first.rank} {cause}" + (f": {detail}" if detail else "")
         return self._failed(reason, failure, said, failed_rank=first.rank, failed_node=first.node)
 
-    def recovery_stalled(self, run: AttemptRun, recovery: InProcessRecovery) -> Stopped:
+    def recovery_stalled(self, run: AttemptRun, recovery: Recovery) -> Stopped:
         """A recovery in process did not finish in time (a survivor stuck in a collective gloo cannot abort,
         a spare that did not join): kill the workers; the job restarts from its last checkpoint."""
         pending, timeout = recovery.pending, self.spec.resilience.recovery_timeout_s
         assert pending is not None
         waiting = ", ".join(map(str, recovery.not_done()))
         why = f"did not recover in process within {timeout:g} s (recovery_timeout_s; rank(s) {waiting} not back)"
-        self.say(f"rank {pending.rank}'s recovery {why}: killing the workers, restarting from the last checkpoint")
+        self.say(f"{pending.who}'s recovery {why}: killing the workers, restarting from the last checkpoint")
         run.stop(signal.SIGKILL, 0)
-        self.events.emit(Event.RECOVERY_STALLED, rank=pending.rank, generation=pending.generation, timeout_s=timeout)
-        reason = f"rank {pending.rank} {why}"
+        self.events.emit(
+            Event.RECOVERY_STALLED, rank=pending.ranks[0], node=pending.node, generation=pending.generation,
+            timeout_s=timeout,
+        )  # fmt: skip
+        reason = f"{pending.who} {why}"
         failure = Failure(Kind.INFRASTRUCTURE, reason, "hang")
-        return self._failed(reason, failure, failed_rank=pending.rank, failed_node=self.agents.me.node)
+        node = pending.node if pending.node is not None else self.agents.me.node
+        return self._failed(reason, failure, failed_rank=pending.ranks[0], failed_node=node)
 
     def signalled(self, run: AttemptRun, sig: int, again: Callable[[], bool]) -> RunResult:
         """SIGINT or SIGTERM reached the job: forward it to every worker (the recipe checkpoints first), and kill

@@ -18,7 +18,6 @@ file (TORCHELASTIC_ERROR_FILE, written by ``@record``) for a rank's root cause.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import time
@@ -29,11 +28,13 @@ from typing import TextIO
 from torch.distributed import TCPStore
 
 from phalanx.launch.attempt import Agents, AttemptRun, NodeLost, RankFailed, this_agent
+from phalanx.launch.lifetime import recorded_signals
 from phalanx.launch.membership import Membership
-from phalanx.launch.node import LaunchError, Plan, node_workers, resolve_device, spec_digest, worker_argv
-from phalanx.launch.recovery import InProcessRecovery
+from phalanx.launch.node import LaunchError, Plan, node_workers, resolve_device, worker_argv
+from phalanx.launch.recovery import NodeRecovery, Pending, RankRecovery, Recovery
 from phalanx.launch.rendezvous import Heartbeat, Rendezvous, host_store, join_store
 from phalanx.launch.stops import REGROW, Stopped, Stops
+from phalanx.launch.tether import Tethers
 from phalanx.obs import EventLog
 from phalanx.obs.console import Console
 from phalanx.obs.events import Event
@@ -44,7 +45,7 @@ from phalanx.obs.protocol import last_heartbeat, last_step
 from phalanx.obs.ranks import RankFigures
 from phalanx.obs.rundir import Outcome, RunDir, RunResult
 from phalanx.obs.summary import summary
-from phalanx.resilience import HangDetector, Stall, StragglerDetector, backoff_s
+from phalanx.resilience import Failure, HangDetector, Kind, Stall, StragglerDetector, backoff_s
 from phalanx.resilience.elastic import NoCapacity
 from phalanx.resilience.straggler import WINDOW as STRAGGLER_WINDOW
 from phalanx.spec import JobSpec, dump_spec
@@ -95,7 +96,12 @@ class Supervisor:
         self.ranks = RankFigures(self.run_dir)
         self.rendezvous = rendezvous
         me = this_agent(rendezvous.addr if rendezvous else "127.0.0.1")
-        self.agents = Agents(me, Rendezvous(rendezvous.store) if rendezvous else None, spec.resilience.node_timeout_s)
+        self.agents = Agents(
+            me,
+            Rendezvous(rendezvous.store) if rendezvous else None,
+            spec.resilience.node_timeout_s,
+            Tethers(rendezvous.addr) if rendezvous else None,
+        )
         self.members = Membership(spec, self.run_dir, self.agents, self.device, self.say, self.events)
         self.stops = Stops(spec, self.run_dir, self.agents, self.say, self.events)
 
@@ -123,7 +129,7 @@ class Supervisor:
             argv=worker_argv(self.spec),
         )
         beat = None
-        with self._forwarded_signals():
+        with recorded_signals(self._signals):  # forwarded to the workers by the attempt loop
             try:
                 if self.rendezvous is not None:
                     beat = Heartbeat(
@@ -132,7 +138,9 @@ class Supervisor:
                         ),
                         "coordinator/beat",
                     )
-                    result = self._gather_nodes() or self._attempts()
+                    hosted, stopped = self.rendezvous, lambda: bool(self._signals)
+                    gathered = self.members.gather(hosted.addr, hosted.store.port, hosted.join_timeout_s, stopped)
+                    result = gathered or self._attempts()
                 else:
                     result = self._attempts()
             finally:
@@ -151,33 +159,9 @@ class Supervisor:
         self.agents.finish(result.exit_code, result.reason)
         if beat is not None:
             beat.stop()
+        if self.agents.tethers is not None:
+            self.agents.tethers.close()
         return result
-
-    def _gather_nodes(self) -> RunResult | None:
-        """Publish the run and wait for every node's agent to join; a failed result if they cannot."""
-        assert self.agents.rdzv is not None and self.rendezvous is not None
-        res = self.spec.resources
-        self.agents.rdzv.put(
-            "run",
-            {
-                "run_dir": str(self.run_dir.root),
-                "digest": spec_digest(self.spec),
-                "nodes": res.nodes,
-                "spare_nodes": res.spare_nodes,
-            },
-        )
-        self.say(
-            f"run {self.run_dir.run_id}: waiting for {res.nodes - 1} more node(s) at "
-            f"{self.rendezvous.addr}:{self.rendezvous.store.port} (and up to {res.spare_nodes} spare(s))"
-        )
-        try:
-            self.agents.wait_for(list(range(1, res.nodes)), self.rendezvous.join_timeout_s, lambda: bool(self._signals))
-        except LaunchError as e:
-            self.say(f"cannot start: {e}")
-            return RunResult(Outcome.FAILED, 1, str(e), str(self.run_dir.root))
-        self.members.poll_spares()
-        self.events.emit(Event.NODES_JOINED, **self.members.record())
-        return None
 
     def _attempts(self) -> RunResult:
         """Run attempts until one succeeds, a signal stops the job, or a failure is not worth retrying
@@ -233,17 +217,19 @@ class Supervisor:
         spec = self.members.attempt_spec
         local = node_workers(plan, me, spec, self.run_dir) if me in plan.members else []
         run = AttemptRun(self.agents, plan, local, self.console.line)
-        recovery = None
-        if spec.resilience.in_process and me in plan.members:
-            recovery = InProcessRecovery(spec, plan, me, self.run_dir, run.group, store)
+        recovery: Recovery | None = None
+        if spec.resilience.in_process and self.agents.rdzv is not None:
+            recovery = NodeRecovery(spec, plan, self.run_dir, store, self.agents.rdzv)
+        elif spec.resilience.in_process and me in plan.members:
+            recovery = RankRecovery(spec, plan, me, self.run_dir, run.group, store)
         try:
             return self._run_attempt(attempt, store, plan, run, recovery)
         finally:
-            if recovery is not None:
-                recovery.stop_spares()
+            if isinstance(recovery, RankRecovery):
+                recovery.spares.stop()
 
     def _run_attempt(
-        self, attempt: int, store: TCPStore, plan: Plan, run: AttemptRun, recovery: InProcessRecovery | None
+        self, attempt: int, store: TCPStore, plan: Plan, run: AttemptRun, recovery: Recovery | None
     ) -> Stopped | tuple[RunResult, None]:
         where = f"{plan.world_size} worker(s) on {self.device}"
         if self.multi_node:
@@ -263,8 +249,8 @@ class Supervisor:
         )
         if lost is not None:
             return self.stops.lost(run, lost)
-        if recovery is not None:
-            recovery.start_spares()
+        if isinstance(recovery, RankRecovery):
+            recovery.spares.start(self.spec.resilience.warm_spares)
         self.hangs.reset()
         self.stragglers.reset()
         next_hang_check = time.monotonic()
@@ -279,19 +265,21 @@ class Supervisor:
                 # an agent handed over first, then this process's own, is still one.
                 again = lambda: len(self._signals) - self._relayed > 1  # noqa: E731
                 return self.stops.signalled(run, self._signals[0], again), None
-            if recovery is not None:
-                recovery.adopt()
+            if isinstance(recovery, RankRecovery):
+                recovery.spares.adopt()
             ended, how = run.poll()
             if isinstance(how, NodeLost):
+                if isinstance(recovery, NodeRecovery) and self._recover_node(run, how, store, recovery):
+                    continue
                 return self.stops.lost(run, how)
             if isinstance(how, RankFailed):
-                if recovery is not None and self._recover_in_process(run, how, store, recovery):
+                if isinstance(recovery, RankRecovery) and self._recover_in_process(run, how, store, recovery):
                     continue
                 return self.stops.rank_failed(run, how, store)
             if recovery is not None and (pending := recovery.pending) is not None:
                 if recovery.done():
                     took = time.monotonic() - pending.began
-                    self.say(f"recovered in process: every rank restored {took:.2f} s after rank {pending.rank} died")
+                    self.say(f"recovered in process: every rank restored {took:.2f} s after {pending.who} failed")
                 elif recovery.overdue():
                     return self.stops.recovery_stalled(run, recovery)
             if ended:
@@ -300,13 +288,17 @@ class Supervisor:
                 return RunResult(Outcome.SUCCEEDED, 0, "all workers exited with code 0", str(self.run_dir.root)), None
             if time.monotonic() >= next_hang_check:
                 next_hang_check = time.monotonic() + HANG_CHECK_S
-                if (stall := self._stalled(store, plan)) is not None:
+                if (stall := self._stalled(store, run.plan)) is not None:
                     return self.stops.hang(run, stall)
                 if self.members.regrow_due(self.hangs.first_progress, self.hangs.latest_step, time.monotonic()):
                     capacity = self.members.capacity
                     return self.stops.to_regrow(run, capacity.regrow_after_s, capacity.full)
                 if self.multi_node:
                     self.members.poll_spares()
+                if isinstance(recovery, NodeRecovery):
+                    for node, after_s in recovery.newly_ready(self.members.nodes.spares):
+                        self.say(f"{self.agents.name(node)}'s warm spares are ready ({after_s:.1f} s)")
+                        self.events.emit(Event.SPARES_READY, node=node, after_s=after_s)
             time.sleep(POLL_S)
 
     def _stalled(self, store: TCPStore, plan: Plan) -> Stall | None:
@@ -336,55 +328,67 @@ class Supervisor:
             )
         return self.hangs.stalled(now)
 
-    def _recover_in_process(
-        self, run: AttemptRun, first: RankFailed, store: TCPStore, recovery: InProcessRecovery
-    ) -> bool:
+    def _recover_in_process(self, run: AttemptRun, first: RankFailed, store: TCPStore, recovery: RankRecovery) -> bool:
         """A rank died: put a warm spare in its place and let the survivors recover in their processes (see
         launch/recovery.py). False: this failure takes the restart path (a user error, the restart budget
         spent, or a reason recovery gives), which says why."""
         cause, detail, failure = self.stops.what_failed(first, store)
-        policy = self.spec.resilience
-        if not failure.retryable or self.restarts >= policy.max_restarts:
+        if not failure.retryable or self.restarts >= self.spec.resilience.max_restarts:
             return False
-        plan = run.plan
-        steps = [s for r in range(plan.world_size) if (s := last_step(store, r)) is not None]
-        reached = max(steps, default=-1) + 1
+        reached = self._reached(store, run.plan)
         if (why := recovery.refuse(reached)) is not None:
             self.say(f"rank {first.rank} {cause}; not recovering in process: {why}")
             self.events.emit(Event.IN_PROCESS_REFUSED, rank=first.rank, why=why)
             return False
         self.stops.worker_failed(first, detail, failure, then=[])
-        pending = recovery.begin(first.rank, reached)
-        assert pending.spare.proc is not None
+        pending, pid = recovery.begin(first.rank, reached)
+        run.pids[first.rank] = pid
+        self._recovering(run, pending, failure, f"rank {first.rank} {cause}", f"a warm spare (pid {pid}) takes it")
+        return True
+
+    def _recover_node(self, run: AttemptRun, lost: NodeLost, store: TCPStore, recovery: NodeRecovery) -> bool:
+        """A member node is lost: put a spare node's warm spares in its place and let the survivors recover in
+        their processes. False: the restart path (the restart budget spent, or a reason recovery gives)."""
+        if self.restarts >= self.spec.resilience.max_restarts:
+            return False
+        what, reached = f"{self.agents.name(lost.node)} lost: {lost.why}", self._reached(store, run.plan)
+        spare = next(iter(self.members.nodes.spares), None)
+        if (why := recovery.refuse(reached, spare)) is not None:
+            self.say(f"{what}; not recovering in process: {why}")
+            self.events.emit(Event.IN_PROCESS_REFUSED, node=lost.node, why=why)
+            return False
+        where = self.agents.where(lost.node)
+        self.events.emit(Event.NODE_LOST, node=lost.node, **where, silent_s=lost.silent_s, closed=lost.closed, then=[])
+        assert spare is not None
+        pending, pids = recovery.begin(lost.node, spare, reached)
+        run.replace(lost.node, spare, pids)
+        failure = Failure(Kind.INFRASTRUCTURE, what, "node_lost")
+        how = f"the warm spares of {self.agents.name(spare)} take its ranks {', '.join(map(str, pending.ranks))}"
+        self._recovering(run, pending, failure, what, how, node=lost.node, spare_node=spare)
+        self.members.replaced(lost.node)
+        return True
+
+    def _recovering(self, run: AttemptRun, pending: Pending, failure: Failure, what: str, how: str, **more) -> None:
         self.restarts += 1
-        run.pids[first.rank] = pending.spare.proc.pid
-        self.say(
-            f"rank {first.rank} (pid {first.pid}) {cause}; recovery {self.restarts}/{policy.max_restarts} in "
-            f"process: a warm spare (pid {pending.spare.proc.pid}) takes rank {first.rank}, the state comes "
-            "from memory"
-        )
+        self.say(f"{what}; recovery {self.restarts}/{self.spec.resilience.max_restarts} in process: {how}, "
+                 "the state comes from memory")  # fmt: skip
         self.events.emit(
             Event.RECOVERY_STARTED,
-            attempt=plan.attempt,
+            attempt=run.plan.attempt,
             restart=self.restarts,
             generation=pending.generation,
-            rank=first.rank,
+            rank=pending.ranks[0],
+            ranks=pending.ranks,
             pids=run.pids,
             failure=failure.kind,
             cause=failure.why,
             category=failure.category,
-            reason=f"rank {first.rank} {cause}",
+            reason=what,
+            **more,
         )
         self.hangs.reset()  # the ranks go back to the snapshot's step
-        return True
 
-    @contextlib.contextmanager
-    def _forwarded_signals(self):
-        """Record SIGINT/SIGTERM for the loop to forward instead of dying on them; restore the handlers after."""
-        caught = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, lambda signum, _frame: self._signals.append(signum)) for sig in caught}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    @staticmethod
+    def _reached(store: TCPStore, plan: Plan) -> int:
+        """The steps the job had completed: the furthest step any rank reported."""
+        return max((s for r in range(plan.world_size) if (s := last_step(store, r)) is not None), default=-1) + 1

@@ -35,6 +35,7 @@ class Event(enum.StrEnum):
     IN_PROCESS_REFUSED = "in_process_refused"
     # the supervisor's membership: spares, shrinking and growing back
     SPARE_LOST = "spare_lost"
+    SPARES_READY = "spares_ready"  # a spare node's warm spares all wait: a lost node can be recovered in process
     NODES_CHANGED = "nodes_changed"
     SHRUNK = "shrunk"
     REGROW_STOP = "regrow_stop"

@@ -24,7 +24,7 @@ The keys:
 
     phalanx/heartbeat/<r>            rank r's last step
     phalanx/chaos/loss               nan | spike: the next step's loss is made bad
-    phalanx/recovery/<g>             supervisor: generation g replaces rank ``rank`` by spare ``spare``
+    phalanx/recovery/<g>             supervisor: generation g gives ``ranks`` (one, or a lost node's) to spares
     phalanx/recovery/<g>/have/<r>    survivor r of generation g: the snapshot steps it holds whole
     phalanx/recovery/<g>/done/<r>    rank r has restored its state and trains in generation g
     phalanx/spare/<i>/ready          spare i is warm and waiting
@@ -113,7 +113,8 @@ def _get(store: dist.Store, key: str, timeout_s: float | None) -> dict[str, Any]
 
 
 def decision(store: dist.Store, generation: int, timeout_s: float) -> dict[str, Any]:
-    """Wait for the supervisor to start ``generation`` ({rank, spare}); NoRecovery if it does not."""
+    """Wait for the supervisor to start ``generation`` ({ranks, reached}: the ranks spares take, the steps the
+    job had completed); NoRecovery if it does not."""
     return _get(store, decision_key(generation), timeout_s)
 
 
@@ -123,13 +124,13 @@ def assignment(store: dist.Store, spare: int) -> dict[str, Any]:
     return _get(store, assign_key(spare), None)
 
 
-def agree(store: dist.Store, generation: int, rank: int, joiner: int, steps: list[int], timeout_s: float) -> int:
-    """The newest snapshot step every survivor holds whole; each survivor publishes ``steps`` (the joiner
+def agree(store: dist.Store, generation: int, rank: int, joiners: list[int], steps: list[int], timeout_s: float) -> int:
+    """The newest snapshot step every survivor holds whole; each survivor publishes ``steps`` (the joiners
     none) and every rank reads them all. NoRecovery if there is none."""
     world = dist.get_world_size()
-    if rank != joiner:
+    if rank not in joiners:
         store.set(have_key(generation, rank), json.dumps(steps))
-    keys = [have_key(generation, r) for r in range(world) if r != joiner]
+    keys = [have_key(generation, r) for r in range(world) if r not in joiners]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except dist.DistStoreError:

@@ -44,8 +44,9 @@ def summary(
         how = ""
         if e["kind"] == Event.RECOVERY_STARTED:
             done = recovered.get((e["attempt"], e["generation"]))
+            took = f"node {e['node']}'s ranks on spare node {e['spare_node']}" if "node" in e else f"rank {e['rank']}"
             how = ", in process: " + (
-                f"a spare took rank {e['rank']}, step {done['step']} from memory in {done['took_s']:.2f} s"
+                f"warm spares took {took}, step {done['step']} from memory in {done['took_s']:.2f} s"
                 if done is not None
                 else "not finished"
             )

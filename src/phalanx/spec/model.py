@@ -195,9 +195,9 @@ class Resilience(Strict):
     )
     in_process: bool = Field(
         default=False,
-        description="when a rank crashes, the others keep their processes, a warm spare takes its place and the "
-        "state comes back from the ranks' memory; what that cannot handle falls back to a restart (built-in "
-        "recipe, one node; docs/failures.md)",
+        description="when a rank crashes (one node) or a node is lost (several, with spare_nodes), the others keep "
+        "their processes, warm spares take the lost ranks and the state comes back from the ranks' memory; what "
+        "that cannot handle falls back to a restart (built-in recipe; docs/failures.md)",
     )
     warm_spares: PositiveInt = Field(
         default=1,
@@ -301,7 +301,7 @@ class JobSpec(Strict):
         return issues
 
     def _in_process_issues(self) -> list[tuple[str, str]]:
-        """In-process recovery rebuilds the recipe's own state, on one node, from the other ranks' memory."""
+        """In-process recovery rebuilds the recipe's own state from the other ranks' memory."""
         res = self.resources
         if not self.resilience.in_process:
             return []
@@ -311,15 +311,6 @@ class JobSpec(Strict):
                     "resilience.in_process",
                     "true with `command:`: in-process recovery rebuilds the built-in recipe's state, which a "
                     "script's is not; use `train:`, or in_process: false",
-                )
-            ]
-        if res.nodes + res.spare_nodes > 1:
-            return [
-                (
-                    "resilience.in_process",
-                    f"true with resources.nodes = {res.nodes} (spare_nodes = {res.spare_nodes}): in-process "
-                    "recovery runs on one node for now; use nodes: 1, or in_process: false (a failed node's job "
-                    "restarts from its last checkpoint)",
                 )
             ]
         if self.train is not None and self.train.parallel.pp > 1:

@@ -52,7 +52,10 @@ class InProcess:
         assert ctx.spec is not None
         self.ctx, self.timeout_s = ctx, ctx.spec.resilience.recovery_timeout_s
         recovering = lambda: protocol.recovering(ctx.store, ctx.generation + 1)  # noqa: E731
-        self.memory = PeerMemory(ctx.spec.resilience.memory_every_steps, recovering)
+        # On several nodes a rank's copy goes to the same local rank of the next node: a lost node's shards
+        # are all held on others.
+        stride = ctx.spec.resources.procs_per_node if ctx.spec.resources.nodes > 1 else 1
+        self.memory = PeerMemory(ctx.spec.resilience.memory_every_steps, recovering, stride)
 
     def snapshot(self, step: int, state: dict[str, Any], first: bool = False) -> float:
         """Take a snapshot at ``step`` if one is due; ``first`` (as training begins): only if none is held yet, so
@@ -74,8 +77,8 @@ class InProcess:
         return True
 
     def decision(self, error: BaseException) -> dict[str, Any]:
-        """The supervisor's recovery of the next generation ({rank, spare, reached}); NoRecovery (the worker
-        exits and the job restarts from its checkpoint) when it does not recover in process."""
+        """The supervisor's recovery of the next generation ({ranks, reached}); NoRecovery (the worker exits and
+        the job restarts from its checkpoint) when it does not recover in process."""
         try:
             return protocol.decision(self.ctx.store, self.ctx.generation + 1, self.timeout_s)
         except protocol.NoRecovery as e:
@@ -85,34 +88,35 @@ class InProcess:
         """A warm spare that took a failed rank's place: the decision that gave it the rank."""
         return protocol.decision(self.ctx.store, self.ctx.generation, self.timeout_s)
 
-    def restore(self, state: dict[str, Any], joiner: int, reached: int, began: float | None = None) -> int:
-        """Every rank of the new group: agree on the newest snapshot all survivors hold, hand the joiner its
-        rank's copy, load it into ``state``, and give the joiner the copy it holds for its neighbour. The step
+    def restore(self, state: dict[str, Any], joiners: list[int], reached: int, began: float | None = None) -> int:
+        """Every rank of the new group: agree on the newest snapshot all survivors hold, hand each joiner its
+        rank's copy, load it into ``state``, and give each joiner the copy it holds for its neighbour. The step
         restored."""
         ctx, memory = self.ctx, self.memory
         began = time.perf_counter() if began is None else began
-        mine = memory.steps() if ctx.rank != joiner else []
-        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiner, mine, self.timeout_s)
-        if ctx.rank == joiner:
+        mine = memory.steps() if ctx.rank not in joiners else []
+        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiners, mine, self.timeout_s)
+        if ctx.rank in joiners:
             blob = memory.receive(memory.holder)
         else:
-            if memory.held_for == joiner:
-                memory.hand_over(step, joiner)
+            if memory.held_for in joiners:
+                memory.hand_over(step, memory.held_for)
             blob = memory.own[step]
         restore(blob, state)
-        memory.after_recovery(step, joiner, blob)
+        memory.after_recovery(step, joiners, blob)
         ctx.store.set(protocol.done_key(ctx.generation, ctx.rank), "1")
         took = time.perf_counter() - began
         if ctx.is_main:
+            who = f"rank {joiners[0]}" if len(joiners) == 1 else f"ranks {', '.join(map(str, joiners))}"
             print(
-                f"recovered in process: rank {joiner} replaced by a warm spare, state of step {step} restored from "
-                f"memory in {took:.2f} s (generation {ctx.generation})",
+                f"recovered in process: {who} replaced by warm spares, state of step {step} restored from memory "
+                f"in {took:.2f} s (generation {ctx.generation})",
                 flush=True,
             )
         ctx.event(
             Event.RECOVERED_IN_PROCESS,
             generation=ctx.generation,
-            rank=joiner,
+            ranks=joiners,
             step=step,
             lost_steps=max(0, reached - step),
             took_s=took,

@@ -144,7 +144,11 @@ def init(device: str | None = None) -> WorkerContext:
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
     if "PHALANX_SPARE" in env:
         assert store is not None
-        given = protocol.assignment(store, int(env["PHALANX_SPARE"]))
+        try:
+            given = protocol.assignment(store, int(env["PHALANX_SPARE"]))
+        except dist.DistNetworkError:  # the attempt's store closed: the attempt ended before a rank was lost
+            print("warm spare: the attempt ended before it took a rank", flush=True)
+            os._exit(0)
         env.update(given["env"])  # the rank's own variables: RANK, LOCAL_RANK, its error and stacks files
         generation = given["generation"]
     local_rank = int(env.get("LOCAL_RANK", "0"))

@@ -94,7 +94,7 @@ class Trainer:
         self.ft = InProcess(ctx) if resilience.in_process else None
         if self.ft is not None and ctx.generation > 0:  # a warm spare in a failed rank's place: state from peers
             decided = self.ft.joining()
-            self.checkpoints.last_saved = self.ft.restore(self.in_memory, joiner=ctx.rank, reached=decided["reached"])
+            self.checkpoints.last_saved = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"])
         elif (latest := self.checkpoints.latest_valid()) is not None:
             self.checkpoints.load(latest, self.state)
             self._say(f"resumed from {latest.path} at step {self.progress.step}")
@@ -348,7 +348,7 @@ class Trainer:
         self.ctx.rejoin(self.ctx.generation + 1)
         self._build(weights=False)
         self.checkpoints.every = every
-        step = self.ft.restore(self.in_memory, joiner=decided["rank"], reached=decided["reached"], began=began)
+        step = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"], began=began)
         self.checkpoints.last_saved = step
         self.batches = self._batches()
         self._last_step_end = None
