@@ -242,12 +242,14 @@ def clean_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return run, tmp / "ckpt"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
-    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path]
+    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path], sig: signal.Signals
 ) -> None:
-    """Node 1's agent and workers killed at a step the test draws: found lost at once (its tether closed), the
-    spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0 and 1 keep their
-    processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
+    """Node 1's agent and workers killed (found lost at once: its tether closed) or frozen (found by its
+    silence; the survivors waiting on its ranks in a collective cut their connections to get out) at a step the
+    test draws: the spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0
+    and 1 keep their processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
     clean_run, clean_ckpt = clean_in_process
     at = random.randrange(12, 40)
     sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
@@ -259,13 +261,16 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     node1 = _tree(_agent_pid(run, 1))
     try:
         for pid in node1:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         out, _ = sup.communicate(timeout=300)
     finally:
+        for pid in node1:  # a frozen node's processes, if the job did not end them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         sup.kill()
-    assert sup.returncode == 0, f"killed after step {at}: " + out[-4000:]
+    assert sup.returncode == 0, f"{sig.name} after step {at}: " + out[-4000:]
     (lost,) = _events(run, "node_lost")
-    assert lost["node"] == 1 and lost["closed"]  # found by its tether, not after node_timeout_s
+    assert lost["node"] == 1 and lost["closed"] == (sig == signal.SIGKILL)  # killed: its tether, at once
     (began,) = _events(run, "recovery_started")
     assert (began["node"], began["spare_node"], began["ranks"]) == (1, 2, [2, 3])
     assert [began["pids"][r] for r in "01"] == [first["pids"][r] for r in "01"]  # the survivors kept their processes
@@ -276,7 +281,7 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     wait_gone(node1)
     a = _weights(clean_ckpt, tmp_path / "a.pt", 60)
     b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", 60)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"killed after step {at}"
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{sig.name} after step {at}"
     assert _losses(run) == _losses(clean_run)  # every step, one run again included, has the clean run's loss
 
 

@@ -200,8 +200,7 @@ class NodeAgent:
             for number, rank in takes["ranks"].items():
                 spares.take(by_number[int(number)], rank)
             group.workers = sorted((w for w in group.workers if w.spare is None), key=lambda w: w.rank)
-            took = replace(plan, members=tuple(me if n == takes["node"] else n for n in plan.members))
-            self._serve_attempt(rdzv, took, group)
+            self._serve_attempt(rdzv, replace(plan, members=tuple(takes["members"])), group)
         finally:
             spares.stop()
 

@@ -247,8 +247,8 @@ class NodeRecovery(Recovery):
             for local, (number, rank) in enumerate(zip(numbers, ranks, strict=True))
         }
         pending = self._decide(assigned, lost, reached)
-        takes = {str(number): rank for number, rank in zip(numbers, ranks, strict=True)}
-        self.rdzv.put(attempt_key(self.plan.attempt, "takes", spare_node), {"node": lost, "ranks": takes})
         members = tuple(spare_node if n == lost else n for n in self.plan.members)
         self.plan = replace(self.plan, members=members)
+        takes = {str(number): rank for number, rank in zip(numbers, ranks, strict=True)}
+        self.rdzv.put(attempt_key(self.plan.attempt, "takes", spare_node), {"ranks": takes, "members": members})
         return pending, {rank: spares[number] for number, rank in zip(numbers, ranks, strict=True)}

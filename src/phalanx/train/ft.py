@@ -10,8 +10,12 @@ that every survivor holds whole."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -33,6 +37,7 @@ from phalanx.train.sdk import WorkerContext
 from phalanx.train.state import RNG
 
 POISON = {"nan": float("nan"), "spike": 10.0}  # what `phalanx chaos` multiplies one rank's loss by
+WATCH_S = 0.5  # how often a rank of a job of several nodes looks whether a recovery was decided
 
 
 def loss_fault(ctx: WorkerContext, pipelined: bool) -> tuple[float, float]:
@@ -56,6 +61,33 @@ class InProcess:
         # are all held on others.
         stride = ctx.spec.resources.procs_per_node if ctx.spec.resources.nodes > 1 else 1
         self.memory = PeerMemory(ctx.spec.resilience.memory_every_steps, recovering, stride)
+        self._lock = threading.Lock()
+        self._rebuilding = False  # between leaving the broken group and joining the next
+        if ctx.spec.resources.nodes > 1:  # a frozen node's ranks close nothing: see _cut_when_recovering
+            threading.Thread(target=self._cut_when_recovering, name="recovery-watch", daemon=True).start()
+
+    def _cut_when_recovering(self) -> None:
+        """A node that froze (or vanished without a reset) closes none of its connections, and gloo cannot
+        abort a collective: a survivor waiting on one of its ranks would wait for ever. Once the supervisor has
+        decided a recovery this rank has not begun, shut down this process's connections to its peers (all but
+        the store's): whatever collective it waits in then fails as if the peer had died, and it recovers."""
+        port = int(os.environ.get("MASTER_PORT", "0"))
+        while True:
+            time.sleep(WATCH_S)
+            with self._lock:
+                if not self._rebuilding and protocol.recovering(self.ctx.store, self.ctx.generation + 1):
+                    _shut_connections(keep_port=port)
+
+    @contextlib.contextmanager
+    def rebuilding(self):
+        """While the trainer leaves the broken group and joins the next: the watcher leaves it alone."""
+        with self._lock:
+            self._rebuilding = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._rebuilding = False
 
     def snapshot(self, step: int, state: dict[str, Any], first: bool = False) -> float:
         """Take a snapshot at ``step`` if one is due; ``first`` (as training begins): only if none is held yet, so
@@ -125,6 +157,23 @@ class InProcess:
             process_groups=len(dist.distributed_c10d._world.pg_map),
         )
         return step
+
+
+def _shut_connections(keep_port: int) -> None:
+    """Shut down every TCP connection of this process but those to ``keep_port`` (the store's)."""
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # not a socket
+        try:
+            tcp = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+            if tcp and sock.getpeername()[1] != keep_port:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected, or closed meanwhile
+        finally:
+            sock.detach()  # the descriptor stays its owner's
 
 
 def warm_up(spec: JobSpec) -> None:

@@ -345,7 +345,8 @@ class Trainer:
             self.checkpoints,
             self.mesh,
         )
-        self.ctx.rejoin(self.ctx.generation + 1)
+        with self.ft.rebuilding():
+            self.ctx.rejoin(self.ctx.generation + 1)
         self._build(weights=False)
         self.checkpoints.every = every
         step = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"], began=began)
