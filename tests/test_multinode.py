@@ -254,7 +254,7 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     at = random.randrange(12, 40)
     sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
     deadline = time.monotonic() + 120
-    while not _events(run, "spares_ready"):  # node 2's spares wait for a rank: a loss from now on is recovered
+    while not (run / "events.jsonl").is_file() or not _events(run, "spares_ready"):  # node 2's spares wait
         assert sup.poll() is None and time.monotonic() < deadline, "the spare node's spares never got ready"
         time.sleep(0.05)
     first = _after_checkpoint(sup, run, steps=at)
@@ -303,6 +303,36 @@ def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: 
     expected = _losses(clean_run)
     assert max(after) == STEPS - 1
     assert [after[s] for s in sorted(after)] == pytest.approx([expected[s] for s in sorted(after)], rel=1e-4)
+
+
+def test_a_lost_node_started_again_rejoins_as_a_spare_and_the_shrunk_job_grows_back(job: Job, tmp_path: Path) -> None:
+    """Node 1's agent killed with no spare: the job shrinks to node 0. An agent started again for node 1 (as a
+    cluster manager would, on that machine) rejoins as a spare, and once the shrunk attempt has trained
+    regrow_after_s the job checkpoints and grows back to both nodes."""
+    spec = _spec(job, tmp_path / "ckpt", steps=200, resilience=", regrow_after_s: 1")
+    sup, run = _launch(job, spec)
+    _after_checkpoint(sup, run)
+    os.kill(_agent_pid(run, 1), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while len(_events(run, "attempt_started")) < 2:  # shrunk to node 0
+        assert sup.poll() is None and time.monotonic() < deadline, "the job did not go on without node 1"
+        time.sleep(0.05)
+    rdzv = re.search(r"waiting for 1 more node\(s\) at (\S+) ", (run / "logs" / "supervisor.log").read_text())
+    assert rdzv is not None
+    argv = [*job.argv(spec)[:3], "agent", str(spec), "--rdzv", rdzv.group(1), "--node-rank", "1", "--addr", "127.0.0.3"]
+    again = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        out, _ = sup.communicate(timeout=300)
+        said, _ = again.communicate(timeout=60)
+    finally:
+        sup.kill()
+        again.kill()
+    assert sup.returncode == 0 and again.returncode == 0, out[-3000:] + said[-2000:]
+    assert "shrinking to 1 node(s) without node 1 (lost); no spare left" in out
+    assert "node 1 (127.0.0.3) rejoined as a spare" in out and "growing back to 2 node(s) with node(s) 1" in out
+    assert [e["nodes"] for e in _events(run, "attempt_started")] == [{"0": 0, "1": 1}, {"0": 0}, {"0": 0, "1": 1}]
+    assert (run / "spec.attempt-1.yaml").is_file() and len(_events(run, "regrow_stop")) == 1
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")][-1] == 199
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])

@@ -92,7 +92,9 @@ class NodeAgent:
                     beat.stop()
 
     def _join(self, rdzv: Rendezvous) -> None:
-        if rdzv.add(f"agent/{self.node}/claim") > 1:
+        # Each time node 0 finds this node rank lost, an agent started again on its machine may claim it anew.
+        incarnation = rdzv.counters([f"agent/{self.node}/lost"])[0] or 0
+        if rdzv.add(f"agent/{self.node}/claim/{incarnation}") > 1:
             raise LaunchError(f"node rank {self.node} is already taken by another agent of this job")
         deadline = time.monotonic() + self.join_timeout_s
         while (run := rdzv.get("run")) is None:
@@ -116,7 +118,7 @@ class NodeAgent:
         else:
             try:
                 resolve_device(res.device, res.procs_per_node)
-                self.tether = tie(self.rdzv_addr[0], run["tether_port"], self.node, self.timeout_s)
+                self.tether = tie(self.rdzv_addr[0], run["tether_port"], self.node, incarnation, self.timeout_s)
             except LaunchError as e:
                 error = str(e)
             except OSError as e:
@@ -124,13 +126,12 @@ class NodeAgent:
                     f"cannot reach node 0 at {self.rdzv_addr[0]}:{run['tether_port']} (its tether port, beside the "
                     f"rendezvous's): {e.strerror or e}"
                 )
-        rdzv.put(
-            f"agent/{self.node}", {"addr": self.addr, "host": socket.gethostname(), "pid": os.getpid(), "error": error}
-        )
+        record = {"addr": self.addr, "host": socket.gethostname(), "pid": os.getpid(), "error": error}
+        rdzv.put(f"agent/{self.node}", {**record, "incarnation": incarnation})
         if error is not None:
             raise LaunchError(error)
         self.run_dir = RunDir(Path(run["run_dir"]))
-        role = "a member" if self.node < res.nodes else "a spare"
+        role = "a member" if self.node < res.nodes and not incarnation else "a spare"
         self.say(f"joined run {self.run_dir.run_id} at {self.rdzv_addr[0]}:{self.rdzv_addr[1]} as {role}")
 
     def _watch_coordinator(self, rdzv: Rendezvous) -> None:

@@ -76,8 +76,9 @@ class Agents:
         self.joined: dict[int, Agent] = {me.node: me}
         self.liveness = Liveness(timeout_s)
         self.timeout_s = timeout_s
-        self.gone: set[int] = set()  # agents found lost, or that cannot serve: never asked or waited for again
+        self.gone: set[int] = set()  # agents found lost, or that cannot serve: not asked or waited for again
         self.found_lost: list[NodeLost] = []  # every agent found lost, members and spares, in order
+        self.incarnation: dict[int, int] = {}  # node -> times it was found lost: its next agent's incarnation
 
     def name(self, node: int) -> str:
         return self.joined[node].name if node in self.joined else f"node {node}"
@@ -112,11 +113,17 @@ class Agents:
             return []
         joined = []
         for node in nodes:
-            if node in self.joined or node in self.gone or (record := self.rdzv.get(f"agent/{node}")) is None:
-                continue
+            if (node in self.gone) != (node in self.joined):
+                continue  # here, or said it cannot serve (not asked again)
+            record = self.rdzv.get(f"agent/{node}")
+            if record is None or record.get("incarnation", 0) != self.incarnation.get(node, 0):
+                continue  # not joined yet, or the agent that was found lost
             if record.get("error"):
-                self.gone.add(node)  # said once: it is not asked again
+                self.gone.add(node)
+                self.joined.pop(node, None)
                 raise LaunchError(f"node {node} ({record['addr']}) cannot run the job: {record['error']}")
+            self.gone.discard(node)  # a lost node's agent started again: it is back
+            self.liveness.forget(node)
             self.joined[node] = Agent(node, record["addr"], record["host"], record["pid"])
             self.liveness.observe(node, None)
             joined.append(node)
@@ -139,13 +146,15 @@ class Agents:
         ]
         self.gone |= {f.node for f in found}
         self.found_lost += found
+        for f in found:  # an agent started again on that node's machine claims the next incarnation
+            self.incarnation[f.node] = self.rdzv.add(f"agent/{f.node}/lost")  # type: ignore[union-attr]
         return found
 
     def _cut(self, others: list[int]) -> list[int]:
         """The agents among ``others`` whose tether closed, but for those that saw the job end and left."""
         if self.tethers is None:
             return []
-        cut = [n for n in others if n in self.tethers.cut]
+        cut = [n for n in others if (n, self.incarnation.get(n, 0)) in self.tethers.cut]
         left = {n for n in cut if self.rdzv.has(f"agent/{n}/finished")}  # type: ignore[union-attr]
         self.gone |= left
         return [n for n in cut if n not in left]

@@ -95,14 +95,17 @@ class Membership:
                 self._changed(self.nodes.after_failure(lost.node, lost=True))
         self._lost_seen = len(self.agents.found_lost)
         res = self.spec.resources
-        try:
-            joined = self.agents.poll_joins(list(range(res.nodes, res.nodes + res.spare_nodes)))
+        try:  # spares, and the agent of a lost node started again on its machine
+            joined = self.agents.poll_joins(list(range(1, res.nodes + res.spare_nodes)))
         except LaunchError as e:
             self.say(f"a spare cannot serve: {e}")
             return
         for node in joined:
-            self.nodes.add_spare(node)
-            self.say(f"{self.agents.name(node)} joined as a spare")
+            back = self.nodes.out.get(node) == "lost"
+            self.nodes.readmit(node)
+            self.say(f"{self.agents.name(node)} {'rejoined' if back else 'joined'} as a spare")
+            if back:
+                self.events.emit(Event.NODES_CHANGED, change=f"node {node} rejoined as a spare", **self.record())
 
     def after_failure(self, failed_rank: int | None, failed_node: int | None, node_lost: bool, attempt: int) -> None:
         """Decide the next attempt's nodes (multi-node) or slots (one node) after a failed attempt. Raises
@@ -151,15 +154,29 @@ class Membership:
         )
         self.events.emit(Event.SHRUNK, slot=slot, slots=self.capacity.slots, procs=procs)
 
+    @property
+    def shrunk(self) -> bool:
+        """Running on fewer slots than the spec's (one node), or on fewer nodes with a spare back to grow on."""
+        short = len(self.nodes.members) < self.spec.resources.nodes and bool(self.nodes.spares)
+        return self.capacity.shrunk or (self.agents.rdzv is not None and short)
+
+    @property
+    def full(self) -> int:
+        """The processes of the job grown back."""
+        return self.capacity.full if self.agents.rdzv is None else self.spec.resources.world_size
+
     def regrow_due(self, since: float | None, latest_step: int | None, now: float) -> bool:
         """A shrunk attempt has trained (reported steps since ``since``) for regrow_after_s, and has steps left."""
         wait = self.capacity.regrow_after_s
-        if not self.capacity.shrunk or wait is None or since is None or now - since < wait:
+        if not self.shrunk or wait is None or since is None or now - since < wait:
             return False
         train = self.spec.train
         return train is None or latest_step is None or latest_step + 1 < train.steps
 
     def regrow(self, attempt: int) -> None:
+        if self.agents.rdzv is not None:
+            self._regrow_nodes(attempt)
+            return
         back = self.capacity.regrow()
         self.attempt_spec, self.attempt_spec_path = self.spec, self.run_dir.spec
         self.say(
@@ -167,3 +184,15 @@ class Membership:
             "is left out at once"
         )
         self.events.emit(Event.GROWN, slots=back, procs=self.capacity.full, attempt=attempt)
+
+    def _regrow_nodes(self, attempt: int) -> None:
+        """Spares back in the members' places, up to the spec's nodes; from ``attempt`` on, its spec again."""
+        back = self.nodes.regrow(self.spec.resources.nodes)
+        nodes = len(self.nodes.members)
+        if nodes == self.spec.resources.nodes:
+            self.attempt_spec, self.attempt_spec_path = self.spec, self.run_dir.spec
+        else:
+            self._run_next(resized(self.spec, nodes=nodes), attempt)
+        change = f"growing back to {nodes} node(s) with node(s) {', '.join(map(str, back))}"
+        self.say(change)
+        self.events.emit(Event.NODES_CHANGED, change=change, **self.record())

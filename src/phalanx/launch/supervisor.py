@@ -291,8 +291,8 @@ class Supervisor:
                 if (stall := self._stalled(store, run.plan)) is not None:
                     return self.stops.hang(run, stall)
                 if self.members.regrow_due(self.hangs.first_progress, self.hangs.latest_step, time.monotonic()):
-                    capacity = self.members.capacity
-                    return self.stops.to_regrow(run, capacity.regrow_after_s, capacity.full)
+                    regrow_after_s = self.members.capacity.regrow_after_s
+                    return self.stops.to_regrow(run, regrow_after_s or 0.0, self.members.full)
                 if self.multi_node:
                     self.members.poll_spares()
                 if isinstance(recovery, NodeRecovery):

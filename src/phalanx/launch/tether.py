@@ -16,17 +16,18 @@ import struct
 import threading
 import time
 
-HELLO = struct.Struct("!i")  # the agent's node rank, its only message
+HELLO = struct.Struct("!ii")  # the agent's node rank and incarnation, its only message
 SELECT_S = 0.2  # how often node 0's thread looks whether it is stopped
 
 
 class Tethers:
-    """Node 0's end: accepts each agent's tether and notes when one closes (``cut``: node -> when)."""
+    """Node 0's end: accepts each agent's tether and notes when one closes (``cut``: (node, incarnation) ->
+    when; an agent started again on a lost node's machine is the node's next incarnation)."""
 
     def __init__(self, addr: str):
         self._listener = socket.create_server((addr, 0), family=socket.AF_INET6 if ":" in addr else socket.AF_INET)
         self.port: int = self._listener.getsockname()[1]
-        self.cut: dict[int, float] = {}
+        self.cut: dict[tuple[int, int], float] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._stopped = threading.Event()
@@ -55,14 +56,12 @@ class Tethers:
         except OSError:
             data = b""
         if not data:  # closed: the agent's process is gone, or its machine reset the connection
-            if isinstance(key.data, int):
+            if isinstance(key.data, tuple):
                 self.cut[key.data] = time.monotonic()
             self._selector.unregister(conn)
             conn.close()
         elif isinstance(key.data, bytes) and len(said := key.data + data) >= HELLO.size:
-            (node,) = HELLO.unpack(said[: HELLO.size])
-            self.cut.pop(node, None)  # an agent of that node rank tied again
-            self._selector.modify(conn, selectors.EVENT_READ, node)
+            self._selector.modify(conn, selectors.EVENT_READ, HELLO.unpack(said[: HELLO.size]))
         elif isinstance(key.data, bytes):
             self._selector.modify(conn, selectors.EVENT_READ, said)
 
@@ -71,8 +70,8 @@ class Tethers:
         self._thread.join(2 * SELECT_S + 1.0)
 
 
-def tie(addr: str, port: int, node: int, timeout_s: float) -> socket.socket:
+def tie(addr: str, port: int, node: int, incarnation: int, timeout_s: float) -> socket.socket:
     """An agent's end of its tether to node 0 at ``addr:port``: kept open for as long as the agent lives."""
     sock = socket.create_connection((addr, port), timeout=timeout_s)
-    sock.sendall(HELLO.pack(node))
+    sock.sendall(HELLO.pack(node, incarnation))
     return sock

@@ -85,6 +85,22 @@ class Nodes:
         if node not in self.members and node not in self.spares and node not in self.out:
             self.spares.append(node)
 
+    def readmit(self, node: int) -> None:
+        """``node``'s agent joined: a spare, even if the node was lost before (its agent started again on its
+        machine); a node out for failing first again and again stays out."""
+        if self.out.get(node) == "lost":
+            del self.out[node]
+            self._failures.pop(node, None)
+        self.add_spare(node)
+
+    def regrow(self, nodes: int) -> list[int]:
+        """After a shrink: spares become members again, up to ``nodes``; the nodes that did."""
+        back = []
+        while len(self.members) < nodes and self.spares:
+            back.append(self.spares.pop(0))
+            self.members.append(back[-1])
+        return back
+
     def after_failure(self, node: int | None, lost: bool) -> str | None:
         """Record that ``node`` failed first in the last attempt (``lost``: its agent is gone). Returns what
         changed for the next attempt, in words, or None. Raises NoCapacity if the job cannot go on."""
