@@ -242,14 +242,15 @@ def clean_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pa
     return run, tmp / "ckpt"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+@pytest.mark.parametrize("how", ["killed", "frozen", "rank crashed"])
 def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
-    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path], sig: signal.Signals
+    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path], how: str
 ) -> None:
-    """Node 1's agent and workers killed (found lost at once: its tether closed) or frozen (found by its
-    silence; the survivors waiting on its ranks in a collective cut their connections to get out) at a step the
-    test draws: the spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0
-    and 1 keep their processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
+    """Node 1's agent and workers killed (found lost at once: its tether closed), frozen (found by its
+    silence; the survivors waiting on its ranks in a collective cut their connections to get out), or only its
+    rank 3 killed (a GPU failure, say: node 1 is replaced whole and waits as a spare), at a step the test draws:
+    the spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0 and 1 keep
+    their processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
     clean_run, clean_ckpt = clean_in_process
     at = random.randrange(12, 40)
     sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
@@ -259,18 +260,24 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
         time.sleep(0.05)
     first = _after_checkpoint(sup, run, steps=at)
     node1 = _tree(_agent_pid(run, 1))
+    struck = [first["pids"]["3"]] if how == "rank crashed" else node1
     try:
-        for pid in node1:
-            os.kill(pid, sig)
+        for pid in struck:
+            os.kill(pid, signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
         out, _ = sup.communicate(timeout=300)
     finally:
         for pid in node1:  # a frozen node's processes, if the job did not end them
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         sup.kill()
-    assert sup.returncode == 0, f"{sig.name} after step {at}: " + out[-4000:]
-    (lost,) = _events(run, "node_lost")
-    assert lost["node"] == 1 and lost["closed"] == (sig == signal.SIGKILL)  # killed: its tether, at once
+    assert sup.returncode == 0, f"{how} after step {at}: " + out[-4000:]
+    if how == "rank crashed":
+        (failed,) = _events(run, "worker_failed")
+        assert failed["rank"] == 3 and not _events(run, "node_lost")
+        assert "node 1 replaced by spare node 2" in out and "a spare node took this node's ranks" in out
+    else:
+        (lost,) = _events(run, "node_lost")
+        assert lost["node"] == 1 and lost["closed"] == (how == "killed")  # killed: its tether, at once
     (began,) = _events(run, "recovery_started")
     assert (began["node"], began["spare_node"], began["ranks"]) == (1, 2, [2, 3])
     assert [began["pids"][r] for r in "01"] == [first["pids"][r] for r in "01"]  # the survivors kept their processes
@@ -278,10 +285,11 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     assert recovered["ranks"] == [2, 3] and recovered["lost_steps"] <= 1, recovered
     assert len(_events(run, "attempt_started")) == 1 and not _events(run, "restart_scheduled")
     assert "warm spares took node 1's ranks on spare node 2, step" in out
-    wait_gone(node1)
+    if how != "rank crashed":
+        wait_gone(node1)
     a = _weights(clean_ckpt, tmp_path / "a.pt", 60)
     b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", 60)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{sig.name} after step {at}"
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{how} after step {at}"
     assert _losses(run) == _losses(clean_run)  # every step, one run again included, has the clean run's loss
 
 

@@ -215,6 +215,11 @@ class NodeAgent:
         )
         reported = dumped = False
         while (stop := rdzv.get(attempt_key(a, "stop"))) is None:
+            if rdzv.has(attempt_key(a, "evict", me)):  # a rank crashed: spares took this node's ranks
+                self.say(f"attempt {a}: a spare node took this node's ranks; a spare from the next attempt on")
+                group.stop(signal.SIGKILL, 0)
+                self.group = None
+                return
             if self._signals:
                 rdzv.put(f"agent/{self.node}/signal", self._signals[0])
             if not reported:

@@ -119,9 +119,10 @@ class Membership:
         if len(self.nodes.members) != before:
             self._run_next(resized(self.spec, nodes=len(self.nodes.members)), attempt)
 
-    def replaced(self, node: int) -> None:
-        """Lost ``node`` recovered in process by the first spare: later attempts run on that spare too."""
-        self._changed(self.nodes.after_failure(node, lost=True))
+    def replaced(self, node: int, lost: bool) -> None:
+        """``node`` (``lost``, or a rank of it crashed) recovered in process by the first spare: later attempts
+        run on that spare too; a node not lost waits as a spare itself, unless it keeps failing first."""
+        self._changed(self.nodes.after_failure(node, lost=lost))
 
     def _changed(self, change: str | None) -> None:
         if change is not None:

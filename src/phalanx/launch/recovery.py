@@ -8,9 +8,10 @@ and the recipe warmed up, forked from a zygote (launch/zygote.py), waiting on th
   the worker group and forks a new spare for the next failure, at the lowest CPU priority until it takes a
   rank (launch/priority.py), so that what little it does takes the CPU training leaves.
 - On several nodes (``NodeRecovery``) each spare node's agent keeps a node's worth of spares (launch/agent.py,
-  ``procs_per_node``), and it is a lost node that is recovered: when a member node is found lost (its agent's
-  tether closed, or its heartbeats stopped), the supervisor gives the spares of the first spare node the lost
-  node's ranks and group rank, and that agent runs them as the node's workers from then on.
+  ``procs_per_node``), and it is a node that is recovered: when a member node is found lost (its agent's
+  tether closed, or its heartbeats stopped), or a rank of it crashed (its agent then kills its other workers),
+  the supervisor gives the spares of the first spare node that node's ranks and group rank, and that agent
+  runs them as the node's workers from then on.
 Either way the supervisor then says which generation of the process group replaces which ranks (the
 decision); the survivors keep their processes, leave the broken group, and with the spares rebuild on the new
 one and restore the state from the ranks' memory (train/ft.py): a rank's snapshot is held by another rank, on
@@ -18,8 +19,8 @@ another node when there are several.
 
 It does not recover in process, and the job restarts from its last checkpoint instead, when:
 - the failure is one a restart handles and in-process recovery cannot: a hang (its peers cannot be told apart
-  from the dead), a user error (not retried at all), a crashed rank on a job of several nodes (it is a node
-  that their spares replace), a lost node of a job of one;
+  from the dead), a user error (not retried at all), a lost node of a job of one, a crashed rank of node 0
+  (which hosts the job);
 - no spare is ready (the first ones wait for the zygote's imports and warm-up: a failure that early), or no
   spare node is;
 - another failure comes during a recovery, the recovery is not done within ``recovery_timeout_s``, or a

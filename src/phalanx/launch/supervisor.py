@@ -31,7 +31,7 @@ from phalanx.launch.attempt import Agents, AttemptRun, NodeLost, RankFailed, thi
 from phalanx.launch.lifetime import recorded_signals
 from phalanx.launch.membership import Membership
 from phalanx.launch.node import LaunchError, Plan, node_workers, resolve_device, worker_argv
-from phalanx.launch.recovery import NodeRecovery, Pending, RankRecovery, Recovery
+from phalanx.launch.recovery import NodeRecovery, RankRecovery, Recovery
 from phalanx.launch.rendezvous import Heartbeat, Rendezvous, host_store, join_store
 from phalanx.launch.stops import REGROW, Stopped, Stops
 from phalanx.launch.tether import Tethers
@@ -269,11 +269,11 @@ class Supervisor:
                 recovery.spares.adopt()
             ended, how = run.poll()
             if isinstance(how, NodeLost):
-                if isinstance(recovery, NodeRecovery) and self._recover_node(run, how, store, recovery):
+                if isinstance(recovery, NodeRecovery) and self._recover(run, how, store, recovery):
                     continue
                 return self.stops.lost(run, how)
             if isinstance(how, RankFailed):
-                if isinstance(recovery, RankRecovery) and self._recover_in_process(run, how, store, recovery):
+                if recovery is not None and self._recover(run, how, store, recovery):
                     continue
                 return self.stops.rank_failed(run, how, store)
             if recovery is not None and (pending := recovery.pending) is not None:
@@ -328,65 +328,68 @@ class Supervisor:
             )
         return self.hangs.stalled(now)
 
-    def _recover_in_process(self, run: AttemptRun, first: RankFailed, store: TCPStore, recovery: RankRecovery) -> bool:
-        """A rank died: put a warm spare in its place and let the survivors recover in their processes (see
-        launch/recovery.py). False: this failure takes the restart path (a user error, the restart budget
-        spent, or a reason recovery gives), which says why."""
-        cause, detail, failure = self.stops.what_failed(first, store)
+    def _recover(self, run: AttemptRun, how: NodeLost | RankFailed, store: TCPStore, recovery: Recovery) -> bool:
+        """Recover in process (launch/recovery.py): on one node a warm spare takes a dead rank's place; on
+        several a spare node's warm spares take a lost node's ranks, or those of a node whose rank crashed (a
+        GPU failure, say: that node is a spare from then on). The survivors keep their processes. False: the
+        restart path (a user error, the restart budget spent, or a reason recovery gives), which says why."""
+        node, name = how.node, self.agents.name(how.node)
+        if isinstance(how, RankFailed):
+            cause, detail, failure = self.stops.what_failed(how, store)
+            what = (
+                f"rank {how.rank} {cause}"
+                if isinstance(recovery, RankRecovery)
+                else f"rank {how.rank} on {name} {cause}"
+            )
+        else:
+            what = f"{name} lost: {how.why}"
+            failure = Failure(Kind.INFRASTRUCTURE, what, "node_lost")
         if not failure.retryable or self.restarts >= self.spec.resilience.max_restarts:
             return False
-        reached = self._reached(store, run.plan)
-        if (why := recovery.refuse(reached)) is not None:
-            self.say(f"rank {first.rank} {cause}; not recovering in process: {why}")
-            self.events.emit(Event.IN_PROCESS_REFUSED, rank=first.rank, why=why)
-            return False
-        self.stops.worker_failed(first, detail, failure, then=[])
-        pending, pid = recovery.begin(first.rank, reached)
-        run.pids[first.rank] = pid
-        self._recovering(run, pending, failure, f"rank {first.rank} {cause}", f"a warm spare (pid {pid}) takes it")
-        return True
-
-    def _recover_node(self, run: AttemptRun, lost: NodeLost, store: TCPStore, recovery: NodeRecovery) -> bool:
-        """A member node is lost: put a spare node's warm spares in its place and let the survivors recover in
-        their processes. False: the restart path (the restart budget spent, or a reason recovery gives)."""
-        if self.restarts >= self.spec.resilience.max_restarts:
-            return False
-        what, reached = f"{self.agents.name(lost.node)} lost: {lost.why}", self._reached(store, run.plan)
-        spare = next(iter(self.members.nodes.spares), None)
-        if (why := recovery.refuse(reached, spare)) is not None:
+        reached, spare = self._reached(store, run.plan), next(iter(self.members.nodes.spares), None)
+        if isinstance(recovery, RankRecovery):
+            why = recovery.refuse(reached)
+        elif isinstance(recovery, NodeRecovery):
+            hosts = (
+                "node 0 hosts the job: its ranks are not replaced in process" if node == self.agents.me.node else None
+            )
+            why = hosts or recovery.refuse(reached, spare)
+        if why is not None:
             self.say(f"{what}; not recovering in process: {why}")
-            self.events.emit(Event.IN_PROCESS_REFUSED, node=lost.node, why=why)
+            self.events.emit(Event.IN_PROCESS_REFUSED, rank=getattr(how, "rank", None), node=node, why=why)
             return False
-        where = self.agents.where(lost.node)
-        self.events.emit(Event.NODE_LOST, node=lost.node, **where, silent_s=lost.silent_s, closed=lost.closed, then=[])
-        assert spare is not None
-        pending, pids = recovery.begin(lost.node, spare, reached)
-        run.replace(lost.node, spare, pids)
-        failure = Failure(Kind.INFRASTRUCTURE, what, "node_lost")
-        how = f"the warm spares of {self.agents.name(spare)} take its ranks {', '.join(map(str, pending.ranks))}"
-        self._recovering(run, pending, failure, what, how, node=lost.node, spare_node=spare)
-        self.members.replaced(lost.node)
-        return True
-
-    def _recovering(self, run: AttemptRun, pending: Pending, failure: Failure, what: str, how: str, **more) -> None:
+        if isinstance(how, RankFailed):
+            self.stops.worker_failed(how, detail, failure, then=[])
+        else:
+            self.events.emit(Event.NODE_LOST, node=node, **self.agents.where(node), silent_s=how.silent_s,
+                             closed=how.closed, then=[])  # fmt: skip
+        more: dict[str, int] = {}
+        if isinstance(recovery, RankRecovery):
+            pending, pid = recovery.begin(how.rank, reached)  # type: ignore[union-attr]
+            run.pids[pending.ranks[0]] = pid
+            took = f"a warm spare (pid {pid}) takes it"
+        else:
+            assert isinstance(recovery, NodeRecovery) and spare is not None
+            if isinstance(how, RankFailed):
+                self.agents.rdzv.put(run.key("evict", node), True)  # type: ignore[union-attr]  # the spares' now
+            pending, pids = recovery.begin(node, spare, reached)
+            run.replace(node, spare, pids)
+            took = (
+                f"the warm spares of {self.agents.name(spare)} take {name}'s ranks {', '.join(map(str, pending.ranks))}"
+            )
+            more = {"node": node, "spare_node": spare}
         self.restarts += 1
-        self.say(f"{what}; recovery {self.restarts}/{self.spec.resilience.max_restarts} in process: {how}, "
+        self.say(f"{what}; recovery {self.restarts}/{self.spec.resilience.max_restarts} in process: {took}, "
                  "the state comes from memory")  # fmt: skip
         self.events.emit(
-            Event.RECOVERY_STARTED,
-            attempt=run.plan.attempt,
-            restart=self.restarts,
-            generation=pending.generation,
-            rank=pending.ranks[0],
-            ranks=pending.ranks,
-            pids=run.pids,
-            failure=failure.kind,
-            cause=failure.why,
-            category=failure.category,
-            reason=what,
-            **more,
-        )
+            Event.RECOVERY_STARTED, attempt=run.plan.attempt, restart=self.restarts, generation=pending.generation,
+            rank=pending.ranks[0], ranks=pending.ranks, pids=run.pids, failure=failure.kind, cause=failure.why,
+            category=failure.category, reason=what, **more,
+        )  # fmt: skip
         self.hangs.reset()  # the ranks go back to the snapshot's step
+        if more:
+            self.members.replaced(node, lost=isinstance(how, NodeLost))
+        return True
 
     @staticmethod
     def _reached(store: TCPStore, plan: Plan) -> int:

@@ -60,7 +60,8 @@ class RecoveryCosts:
     save_s: float = 0.007  # phalanx's async save of llama-debug: training blocked per save
     restart_s: float = 3.26  # phalanx: kill -> next step, restart from the checkpoint (bench/recovery.py)
     in_process_s: float = 0.54  # phalanx in process: kill -> next step, warm spare, state from memory (same)
-    spare_s: float = 0.54  # a spare node taking a lost node's place in process (assumed as in process)
+    spare_s: float = 0.88  # a spare node's warm spares take a lost node's ranks in process, once it is found lost:
+    # a frozen node's found-lost -> next step (bench/node_loss.py; a killed node's is 0.41, found in 0.10 s)
     snapshot_s: float = 0.065  # one in-memory snapshot of llama-debug (serialize + trade with a neighbour)
     snapshot_every: int | None = None  # steps; None: Young/Daly's for the failures recovered in process
     detect_s: float = 0.1  # a crash is seen within the supervisor's poll

@@ -112,9 +112,12 @@ class InProcess:
         """The supervisor's recovery of the next generation ({ranks, reached}); NoRecovery (the worker exits and
         the job restarts from its checkpoint) when it does not recover in process."""
         try:
-            return protocol.decision(self.ctx.store, self.ctx.generation + 1, self.timeout_s)
+            decided = protocol.decision(self.ctx.store, self.ctx.generation + 1, self.timeout_s)
         except protocol.NoRecovery as e:
             raise protocol.NoRecovery(f"{e}, after: {error}") from error
+        if self.ctx.rank in decided["ranks"]:  # this rank's node is replaced whole: a spare has its rank now
+            raise protocol.NoRecovery(f"rank {self.ctx.rank}'s node was replaced by a spare node's warm spares")
+        return decided
 
     def joining(self) -> dict[str, Any]:
         """A warm spare that took a failed rank's place: the decision that gave it the rank."""
