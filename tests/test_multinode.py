@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,11 @@ def _spec(
     )
 
 
-def _in_process_spec(job: Job, ckpt: Path) -> Path:
+def _in_process_spec(job: Job, ckpt: Path, memory_every_steps: int = 1) -> Path:
     """2 x 2 HSDP (replicated across the nodes, sharded within each) with a spare node, recovering in process."""
     parallel = "{dp_replicate: 2, dp_shard: 2}"
-    return _spec(job, ckpt, extra=", spare_nodes: 1", parallel=parallel, steps=60, resilience=", in_process: true")
+    resilience = f", in_process: true, memory_every_steps: {memory_every_steps}"
+    return _spec(job, ckpt, extra=", spare_nodes: 1", parallel=parallel, steps=60, resilience=resilience)
 
 
 def _argv(job: Job, spec: Path) -> list[str]:
@@ -105,13 +107,18 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
+def _clean_run(factory: pytest.TempPathFactory, name: str, spec: Callable[[Job, Path], Path]) -> tuple[Path, Path]:
+    """A run of ``spec(job, checkpoints)`` with nothing lost: (its run directory, its checkpoints)."""
+    tmp = factory.mktemp(name)
+    job = Job(tmp)
+    _, run = _run(job, spec(job, tmp / "ckpt"))
+    return run, tmp / "ckpt"
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A clean 2 nodes x 2 processes FSDP2 run: (its run directory, its checkpoints)."""
-    tmp = tmp_path_factory.mktemp("clean")
-    job = Job(tmp)
-    _, run = _run(job, _spec(job, tmp / "ckpt"))
-    return run, tmp / "ckpt"
+    """A clean 2 nodes x 2 processes FSDP2 run."""
+    return _clean_run(tmp_path_factory, "clean", lambda job, ckpt: _spec(job, ckpt))
 
 
 def test_agents_give_workers_node_major_ranks_and_the_torchrun_environment(job: Job, tmp_path: Path) -> None:
@@ -235,29 +242,33 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
 
 @pytest.fixture(scope="module")
 def clean_in_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A clean run of the in-process job, nothing lost: (its run directory, its checkpoints)."""
-    tmp = tmp_path_factory.mktemp("clean-in-process")
-    job = Job(tmp)
-    _, run = _run(job, _in_process_spec(job, tmp / "ckpt"))
-    return run, tmp / "ckpt"
+    """A clean run of the in-process job."""
+    return _clean_run(tmp_path_factory, "clean-in-process", _in_process_spec)
 
 
-@pytest.mark.parametrize("how", ["killed", "frozen", "rank crashed"])
+def _spares_ready(sup: subprocess.Popen[str], run: Path) -> None:
+    """Wait until node 2's spares wait for a rank: a node lost from then on is recovered in process."""
+    deadline = time.monotonic() + 120
+    while not (run / "events.jsonl").is_file() or not _events(run, "spares_ready"):
+        assert sup.poll() is None and time.monotonic() < deadline, "the spare node's spares never got ready"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen", "rank crashed", "killed, memory stale"])
 def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path], how: str
 ) -> None:
     """Node 1's agent and workers killed (found lost at once: its tether closed), frozen (found by its
     silence; the survivors waiting on its ranks in a collective cut their connections to get out), or only its
     rank 3 killed (a GPU failure, say: node 1 is replaced whole and waits as a spare), at a step the test draws:
-    the spare node's warm spares take ranks 2 and 3 with their state from node 0's memory, ranks 0 and 1 keep
-    their processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
+    the spare node's warm spares take ranks 2 and 3 with their state from node 0's memory (or, where the
+    snapshots are older than the storage checkpoint, every rank from that checkpoint), ranks 0 and 1 keep their
+    processes, no attempt restarts, and the job ends with the clean run's weights and losses."""
     clean_run, clean_ckpt = clean_in_process
     at = random.randrange(12, 40)
-    sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
-    deadline = time.monotonic() + 120
-    while not (run / "events.jsonl").is_file() or not _events(run, "spares_ready"):  # node 2's spares wait
-        assert sup.poll() is None and time.monotonic() < deadline, "the spare node's spares never got ready"
-        time.sleep(0.05)
+    stale = how == "killed, memory stale"  # the snapshot taken as training began, then none: storage is newer
+    sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt", memory_every_steps=1000 if stale else 1))
+    _spares_ready(sup, run)
     first = _after_checkpoint(sup, run, steps=at)
     node1 = _tree(_agent_pid(run, 1))
     struck = [first["pids"]["3"]] if how == "rank crashed" else node1
@@ -277,20 +288,54 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
         assert "node 1 replaced by spare node 2" in out and "a spare node took this node's ranks" in out
     else:
         (lost,) = _events(run, "node_lost")
-        assert lost["node"] == 1 and lost["closed"] == (how == "killed")  # killed: its tether, at once
+        assert lost["node"] == 1 and lost["closed"] == (how != "frozen")  # killed: its tether, at once
     (began,) = _events(run, "recovery_started")
     assert (began["node"], began["spare_node"], began["ranks"]) == (1, 2, [2, 3])
     assert [began["pids"][r] for r in "01"] == [first["pids"][r] for r in "01"]  # the survivors kept their processes
     (recovered,) = _events(run, "recovered_in_process")
-    assert recovered["ranks"] == [2, 3] and recovered["lost_steps"] <= 1, recovered
+    assert recovered["ranks"] == [2, 3] and recovered["source"] == ("storage" if stale else "memory"), recovered
+    assert recovered["lost_steps"] <= (4 if stale else 1), recovered  # a checkpoint every 4 steps, a snapshot every 1
     assert len(_events(run, "attempt_started")) == 1 and not _events(run, "restart_scheduled")
-    assert "warm spares took node 1's ranks on spare node 2, step" in out
+    assert f"warm spares took node 1's ranks on spare node 2, step {recovered['step']} from" in out
     if how != "rank crashed":
         wait_gone(node1)
     a = _weights(clean_ckpt, tmp_path / "a.pt", 60)
     b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", 60)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{how} after step {at}"
     assert _losses(run) == _losses(clean_run)  # every step, one run again included, has the clean run's loss
+
+
+def test_a_crash_on_the_node_that_took_a_lost_ones_place_is_seen_and_restarts(
+    job: Job, tmp_path: Path, clean_in_process: tuple[Path, Path]
+) -> None:
+    """After node 2's spares took node 1's ranks in process, they are that node's workers: one of them killed is
+    reported by node 2's agent as the failure, and not recovered in process (too soon after the last recovery,
+    and no spare node is ready in this attempt): the job restarts from its checkpoint, and still ends with the
+    clean run's weights and losses."""
+    clean_run, clean_ckpt = clean_in_process
+    sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt"))
+    try:
+        _spares_ready(sup, run)
+        first = _after_checkpoint(sup, run, steps=12)
+        deadline = time.monotonic() + 120
+        os.kill(first["pids"]["3"], signal.SIGKILL)
+        while not _events(run, "recovered_in_process"):
+            assert sup.poll() is None and time.monotonic() < deadline, "no recovery in process"
+            time.sleep(0.05)
+        (began,) = _events(run, "recovery_started")
+        os.kill(began["pids"]["2"], signal.SIGKILL)  # rank 2, now node 2's
+        out, _ = sup.communicate(timeout=300)
+    finally:
+        sup.kill()
+    assert sup.returncode == 0, out[-4000:]
+    failed = _events(run, "worker_failed")
+    assert [(f["rank"], f["node"]) for f in failed] == [(3, 1), (2, 2)], failed
+    (refused,) = _events(run, "in_process_refused")  # too soon after the last recovery, or no spare ready
+    assert (refused["rank"], refused["node"]) == (2, 2), refused
+    assert len(_events(run, "attempt_started")) == 2
+    a = _weights(clean_ckpt, tmp_path / "a.pt", 60)
+    b = _weights(tmp_path / "ckpt", tmp_path / "b.pt", 60)
+    assert all(torch.equal(a[k], b[k]) for k in a) and _losses(run) == _losses(clean_run)
 
 
 def test_without_a_spare_allow_shrink_goes_on_with_one_node(job: Job, tmp_path: Path, clean: tuple[Path, Path]) -> None:

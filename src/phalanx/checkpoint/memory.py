@@ -135,9 +135,18 @@ class PeerMemory:
         leaves its copies on another)."""
         self.every_steps, self.interrupted = every_steps, interrupted
         rank, world = dist.get_rank(), dist.get_world_size()
+        self.stride = stride
         self.rank, self.holder, self.held_for = rank, (rank + stride) % world, (rank - stride) % world
         self.own: dict[int, torch.Tensor] = {}
         self.held: dict[int, torch.Tensor] = {}  # the neighbour ``held_for``'s snapshots, by step
+
+    def holder_of(self, rank: int) -> int:
+        """The rank that holds ``rank``'s copy."""
+        return (rank + self.stride) % dist.get_world_size()
+
+    def forget(self) -> None:
+        """Drop every snapshot (the state came from elsewhere: the ring is made again by the next one)."""
+        self.own, self.held = {}, {}
 
     def due(self, step: int) -> bool:
         return step % self.every_steps == 0

@@ -198,9 +198,10 @@ class NodeAgent:
                 self._watch_coordinator(rdzv)
                 time.sleep(POLL_S)
             by_number = {s.spare: s for s in spares.alive()}
-            for number, rank in takes["ranks"].items():
-                spares.take(by_number[int(number)], rank)
-            group.workers = sorted((w for w in group.workers if w.spare is None), key=lambda w: w.rank)
+            taken = [by_number[int(number)] for number in takes["ranks"]]
+            for spare, rank in zip(taken, takes["ranks"].values(), strict=True):
+                spares.take(spare, rank)
+            group.workers = sorted(taken, key=lambda w: w.rank)  # its failures reported, stopped when told
             self._serve_attempt(rdzv, replace(plan, members=tuple(takes["members"])), group)
         finally:
             spares.stop()

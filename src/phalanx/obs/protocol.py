@@ -124,9 +124,11 @@ def assignment(store: dist.Store, spare: int) -> dict[str, Any]:
     return _get(store, assign_key(spare), None)
 
 
-def agree(store: dist.Store, generation: int, rank: int, joiners: list[int], steps: list[int], timeout_s: float) -> int:
-    """The newest snapshot step every survivor holds whole; each survivor publishes ``steps`` (the joiners
-    none) and every rank reads them all. NoRecovery if there is none."""
+def agree(
+    store: dist.Store, generation: int, rank: int, joiners: list[int], steps: list[int], timeout_s: float
+) -> int | None:
+    """The newest snapshot step every survivor holds whole (None: there is none); each survivor publishes
+    ``steps`` (the joiners none) and every rank reads them all."""
     world = dist.get_world_size()
     if rank not in joiners:
         store.set(have_key(generation, rank), json.dumps(steps))
@@ -136,6 +138,4 @@ def agree(store: dist.Store, generation: int, rank: int, joiners: list[int], ste
     except dist.DistStoreError:
         raise NoRecovery(f"the survivors did not say which snapshots they hold within {timeout_s:g} s") from None
     common = set.intersection(*(set(json.loads(store.get(k))) for k in keys))
-    if not common:
-        raise NoRecovery("no snapshot is held whole by every survivor")
-    return max(common)
+    return max(common) if common else None

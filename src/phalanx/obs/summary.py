@@ -46,7 +46,8 @@ def summary(
             done = recovered.get((e["attempt"], e["generation"]))
             took = f"node {e['node']}'s ranks on spare node {e['spare_node']}" if "node" in e else f"rank {e['rank']}"
             how = ", in process: " + (
-                f"warm spares took {took}, step {done['step']} from memory in {done['took_s']:.2f} s"
+                f"warm spares took {took}, step {done['step']} from "
+                f"{'the storage checkpoint' if done.get('source') == 'storage' else 'memory'} in {done['took_s']:.2f} s"
                 if done is not None
                 else "not finished"
             )

@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,15 @@ def loss_fault(ctx: WorkerContext, pipelined: bool) -> tuple[float, float]:
     does): it scales the step's loss as reported, which the loss guard judges."""
     fault = POISON.get(ctx.requested_fault() or "", 1.0)
     return (fault, 0.0) if not pipelined else (1.0, fault - 1.0)
+
+
+class Storage(Protocol):
+    """What a recovery needs of the storage checkpoints: the newest valid step (the same on every rank), and
+    loading it into the training state."""
+
+    def newest(self) -> int | None: ...
+
+    def load(self, step: int) -> int: ...
 
 
 class InProcess:
@@ -123,28 +132,43 @@ class InProcess:
         """A warm spare that took a failed rank's place: the decision that gave it the rank."""
         return protocol.decision(self.ctx.store, self.ctx.generation, self.timeout_s)
 
-    def restore(self, state: dict[str, Any], joiners: list[int], reached: int, began: float | None = None) -> int:
+    def restore(
+        self, state: dict[str, Any], joiners: list[int], reached: int, storage: Storage, began: float | None = None
+    ) -> int:
         """Every rank of the new group: agree on the newest snapshot all survivors hold, hand each joiner its
-        rank's copy, load it into ``state``, and give each joiner the copy it holds for its neighbour. The step
-        restored."""
+        rank's copy, load it into ``state``, and give each joiner the copy it holds for its neighbour. Where no
+        snapshot will do (a joiner's copy was held on a lost node too, or the storage checkpoint is newer), every
+        rank loads the storage checkpoint instead (``storage``), in process all the same. The step restored."""
         ctx, memory = self.ctx, self.memory
         began = time.perf_counter() if began is None else began
         mine = memory.steps() if ctx.rank not in joiners else []
-        step = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiners, mine, self.timeout_s)
-        if ctx.rank in joiners:
-            blob = memory.receive(memory.holder)
+        held = protocol.agree(ctx.store, ctx.generation, ctx.rank, joiners, mine, self.timeout_s)
+        if any(memory.holder_of(j) in joiners for j in joiners):
+            held = None  # a lost rank's copy was lost with it
+        saved = storage.newest()  # the same on every rank (rank 0's, broadcast)
+        if held is None or (saved is not None and saved > held):
+            if saved is None:
+                raise protocol.NoRecovery("no snapshot in memory will do, and there is no checkpoint in storage")
+            step, source = storage.load(saved), "storage"
+            memory.forget()
+            memory.take(step, state)  # the ring, whole again
         else:
-            if memory.held_for in joiners:
-                memory.hand_over(step, memory.held_for)
-            blob = memory.own[step]
-        restore(blob, state)
-        memory.after_recovery(step, joiners, blob)
+            step, source = held, "memory"
+            if ctx.rank in joiners:
+                blob = memory.receive(memory.holder)
+            else:
+                if memory.held_for in joiners:
+                    memory.hand_over(step, memory.held_for)
+                blob = memory.own[step]
+            restore(blob, state)
+            memory.after_recovery(step, joiners, blob)
         ctx.store.set(protocol.done_key(ctx.generation, ctx.rank), "1")
         took = time.perf_counter() - began
         if ctx.is_main:
             who = f"rank {joiners[0]}" if len(joiners) == 1 else f"ranks {', '.join(map(str, joiners))}"
+            where = "memory" if source == "memory" else "the storage checkpoint"
             print(
-                f"recovered in process: {who} replaced by warm spares, state of step {step} restored from memory "
+                f"recovered in process: {who} replaced by warm spares, state of step {step} restored from {where} "
                 f"in {took:.2f} s (generation {ctx.generation})",
                 flush=True,
             )
@@ -152,6 +176,7 @@ class InProcess:
             Event.RECOVERED_IN_PROCESS,
             generation=ctx.generation,
             ranks=joiners,
+            source=source,
             step=step,
             lost_steps=max(0, reached - step),
             took_s=took,

@@ -25,6 +25,7 @@ from phalanx.data.synthetic import SyntheticTokens
 from phalanx.obs.events import Event
 from phalanx.obs.metrics import mfu, peak_flops, peak_memory_bytes
 from phalanx.obs.progress import step_line
+from phalanx.obs.protocol import NoRecovery
 from phalanx.spec import SpecError, dump_spec
 from phalanx.spec.model import Optimizer
 from phalanx.train.ft import InProcess, loss_fault
@@ -94,7 +95,9 @@ class Trainer:
         self.ft = InProcess(ctx) if resilience.in_process else None
         if self.ft is not None and ctx.generation > 0:  # a warm spare in a failed rank's place: state from peers
             decided = self.ft.joining()
-            self.checkpoints.last_saved = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"])
+            self.checkpoints.last_saved = self.ft.restore(
+                self.in_memory, decided["ranks"], decided["reached"], _Stored(self)
+            )
         elif (latest := self.checkpoints.latest_valid()) is not None:
             self.checkpoints.load(latest, self.state)
             self._say(f"resumed from {latest.path} at step {self.progress.step}")
@@ -349,7 +352,7 @@ class Trainer:
             self.ctx.rejoin(self.ctx.generation + 1)
         self._build(weights=False)
         self.checkpoints.every = every
-        step = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"], began=began)
+        step = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"], _Stored(self), began=began)
         self.checkpoints.last_saved = step
         self.batches = self._batches()
         self._last_step_end = None
@@ -394,3 +397,27 @@ class Trainer:
         )
         self.ctx.event(Event.PREEMPTED, step=step, saved_after_s=since)
         raise SystemExit(128 + signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """The trainer's storage checkpoints, as an in-process recovery falls back on them (train/ft.py)."""
+
+    trainer: Trainer
+
+    def newest(self) -> int | None:
+        """The newest committed checkpoint's step: rank 0 lists them (reading no checkpoint), every rank learns."""
+        checkpoints, found = self.trainer.checkpoints, [None]
+        if checkpoints.rank == 0:
+            found[0] = max((s for s in checkpoints.dir.steps() if checkpoints.dir.committed(s)), default=None)
+        dist.broadcast_object_list(found, src=0)
+        return found[0]
+
+    def load(self, step: int) -> int:
+        """Load the newest checkpoint that verifies (``step``'s, unless it does not); its step."""
+        checkpoints = self.trainer.checkpoints
+        latest = checkpoints.latest_valid()
+        if latest is None:
+            raise NoRecovery(f"the checkpoint of step {step} does not verify, nor does any older one")
+        checkpoints.load(latest, self.trainer.state)
+        return latest.step
