@@ -5,10 +5,11 @@ supervisor itself (launch/supervisor.py); `phalanx agent` picks the role from ``
 An agent never decides for the job: a rank that fails here is reported to node 0, which ends the attempt on
 every node. The one thing it decides alone is what to do when node 0 is gone: its store fails (at once when
 node 0's process died), or does not answer a call within ``resilience.node_timeout_s`` (node 0 frozen or cut
-off), or its heartbeat stops for as long. The agent kills
-its workers, records the cause in the run directory, runs ``on_lost`` (the cluster manager's way to start the
-job again: Slurm's requeue) and exits with code 1. The rendezvous is not taken over by another node
-(docs/multinode.md says why); the restarted job resumes from its last checkpoint.
+off), or its heartbeat stops for as long. The agent kills its workers, records the cause in the run directory,
+runs ``on_lost`` (the cluster manager's way to start the job again: Slurm's requeue) and exits with code 1. The
+rendezvous is not taken over by another node (docs/multinode.md says why); the restarted job resumes from its
+last checkpoint. A spare node's agent of a job that recovers in process keeps warm spares, which may take a
+lost node's ranks (launch/recovery.py); a member whose rank crashed may be told to leave them to a spare node.
 """
 
 from __future__ import annotations

@@ -374,13 +374,11 @@ class Supervisor:
                 self.agents.rdzv.put(run.key("evict", node), True)  # type: ignore[union-attr]  # the spares' now
             pending, pids = recovery.begin(node, spare, reached)
             run.replace(node, spare, pids)
-            took = (
-                f"the warm spares of {self.agents.name(spare)} take {name}'s ranks {', '.join(map(str, pending.ranks))}"
-            )
+            took = f"the warm spares of {self.agents.name(spare)} take its ranks {', '.join(map(str, pending.ranks))}"
             more = {"node": node, "spare_node": spare}
         self.restarts += 1
         self.say(f"{what}; recovery {self.restarts}/{self.spec.resilience.max_restarts} in process: {took}, "
-                 "the state comes from memory")  # fmt: skip
+                 "the state comes from memory (or storage, where no snapshot will do)")  # fmt: skip
         self.events.emit(
             Event.RECOVERY_STARTED, attempt=run.plan.attempt, restart=self.restarts, generation=pending.generation,
             rank=pending.ranks[0], ranks=pending.ranks, pids=run.pids, failure=failure.kind, cause=failure.why,
