@@ -159,7 +159,7 @@ class NodeAgent:
                     self._run_attempt(rdzv, plan)
                     attempt += 1
                     continue
-                if load_spec(plan.spec_path).resilience.in_process:
+                if self.spec.resilience.in_process:  # the same in a resized attempt's spec
                     self._stand_by(rdzv, plan)
                     attempt += 1
                     continue

@@ -55,7 +55,6 @@ class Pending:
     generation: int
     ranks: list[int]  # the ranks spares took
     node: int | None  # the lost node they were on (a node's recovery), else None
-    reached: int  # steps the job had completed when the failure came
     began: float  # monotonic
     deadline: float
 
@@ -147,7 +146,7 @@ class Recovery:
         ranks = sorted(int(env["RANK"]) for env in assigned.values())
         self.store.set(protocol.decision_key(g), json.dumps({"ranks": ranks, "reached": reached, "node": node}))
         now = time.monotonic()
-        self.pending = Pending(g, ranks, node, reached, now, now + self.spec.resilience.recovery_timeout_s)
+        self.pending = Pending(g, ranks, node, now, now + self.spec.resilience.recovery_timeout_s)
         self._past = reached
         return self.pending
 
@@ -194,9 +193,9 @@ class RankRecovery(Recovery):
         assert spare is not None and spare.spare is not None and spare.proc is not None
         number = spare.spare
         self.spares.take(spare, rank)
-        pending = self._decide({number: rank_env(rank, rank - self.plan.ranks(self.node).start, self.run_dir)}, None,
-                               reached)  # fmt: skip
-        self.group.workers = [spare if w.rank == rank else w for w in self.group.workers if w is not spare]
+        env = rank_env(rank, rank - self.plan.ranks(self.node).start, self.run_dir)
+        pending = self._decide({number: env}, None, reached)
+        self.group.workers = [spare if w.rank == rank else w for w in self.group.workers]
         self.spares.fork(beside_training=True)
         return pending, spare.proc.pid
 
@@ -241,15 +240,15 @@ class NodeRecovery(Recovery):
         pending recovery, and the ranks' new pids."""
         spares = self.ready_spares(spare_node)
         assert spares is not None
-        group, ranks = self.plan.group_rank(lost), self.plan.ranks(lost)
-        numbers = sorted(spares)[: self.plan.procs]
+        group = self.plan.group_rank(lost)
+        takes = dict(zip(sorted(spares)[: self.plan.procs], self.plan.ranks(lost), strict=True))  # number -> rank
         assigned = {
             number: {**rank_env(rank, local, self.run_dir), "GROUP_RANK": str(group)}
-            for local, (number, rank) in enumerate(zip(numbers, ranks, strict=True))
+            for local, (number, rank) in enumerate(takes.items())
         }
         pending = self._decide(assigned, lost, reached)
         members = tuple(spare_node if n == lost else n for n in self.plan.members)
         self.plan = replace(self.plan, members=members)
-        takes = {str(number): rank for number, rank in zip(numbers, ranks, strict=True)}
-        self.rdzv.put(attempt_key(self.plan.attempt, "takes", spare_node), {"ranks": takes, "members": members})
-        return pending, {rank: spares[number] for number, rank in zip(numbers, ranks, strict=True)}
+        said = {"ranks": {str(number): rank for number, rank in takes.items()}, "members": members}
+        self.rdzv.put(attempt_key(self.plan.attempt, "takes", spare_node), said)
+        return pending, {rank: spares[number] for number, rank in takes.items()}

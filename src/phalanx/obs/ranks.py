@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from phalanx.obs.rundir import RunDir
@@ -41,7 +40,7 @@ class RankFigures:
 def read_ranks(run: RunDir) -> list[dict[str, Any]]:
     """What ranks.json says, one entry per rank; [] before the first write (or in a run from before it)."""
     try:
-        found = json.loads(Path(run.ranks).read_text())
+        found = json.loads(run.ranks.read_text())
     except (OSError, ValueError):
         return []
     return found if isinstance(found, list) else []
