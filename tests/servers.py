@@ -36,6 +36,29 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def descendants(*roots: int) -> list[int]:
+    """``roots`` and every process descended from them, parents first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            pid, rest = stat.read_text().split(" ", 1)[0], stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(rest[1]), []).append(int(pid))
+    found: list[int] = []
+    todo = list(roots)
+    while todo:
+        if (now := todo.pop(0)) not in found:
+            found.append(now)
+            todo += children.get(now, [])
+    return found
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    """``sig`` to each of ``pids`` still there (one may have ended with its killed parent before its turn)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -239,19 +262,7 @@ class SlurmCluster:
             with contextlib.suppress(OSError):
                 if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
                     roots.append(int(proc.name))
-        children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError):
-                pid, rest = stat.read_text().split(" ", 1)[0], stat.read_text().rsplit(")", 1)[1].split()
-                children.setdefault(int(rest[1]), []).append(int(pid))
-        found: list[int] = []
-        for pid in roots:
-            todo = [pid]
-            while todo:
-                if (now := todo.pop(0)) not in found:
-                    found.append(now)
-                    todo += children.get(now, [])
-        return found
+        return descendants(*roots)
 
     def strike(self, name: str, sig: int) -> list[int]:
         """``sig`` to every process of node ``name`` (SIGSTOP: the machine frozen; SIGKILL: it crashed). A crashed
@@ -260,16 +271,10 @@ class SlurmCluster:
         node), and a dead parent would orphan a stopped process group, which the kernel wakes with SIGHUP."""
         pids = self.processes(name)
         if sig == signal.SIGKILL:
-            self._signal(pids, signal.SIGSTOP)
+            signal_all(pids, signal.SIGSTOP)
             pids = pids[::-1]
-        self._signal(pids, sig)
+        signal_all(pids, sig)
         return pids
-
-    @staticmethod
-    def _signal(pids: list[int], sig: int) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
 
     def restart(self, name: str) -> None:
         """Node ``name`` rebooted: what is left of it killed, its slurmd started again, and back in service."""
@@ -290,11 +295,11 @@ class SlurmCluster:
         for pid_file in [self.root / "slurmctld.pid", self.root / "munged.pid"]:
             with contextlib.suppress(OSError, ValueError):
                 left.append(int(pid_file.read_text()))
-        self._signal(left, signal.SIGTERM)
+        signal_all(left, signal.SIGTERM)
         deadline = time.monotonic() + 30
         while any(alive(pid) for pid in left) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self._signal([pid for pid in left if alive(pid)], signal.SIGKILL)
+        signal_all([pid for pid in left if alive(pid)], signal.SIGKILL)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -4,7 +4,6 @@ compared with one-node runs of the same job, and after failures with a clean run
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -22,6 +21,7 @@ from conftest import REPO, Job, wait_gone
 from phalanx.launch.rendezvous import BEAT_S, Liveness
 from phalanx.obs import read_jsonl
 from phalanx.resilience.elastic import NoCapacity, Nodes
+from servers import descendants, signal_all
 from test_resilience import _launch as launch_in_background
 from test_resilience import _weights
 
@@ -91,22 +91,6 @@ def _agent_pid(run: Path, node: int) -> int:
     return joined["agents"][str(node)]["pid"]
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process descended from it (its workers, and theirs), parents first."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            child, rest = stat.read_text().split(" (", 1)[0], stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        children.setdefault(int(rest[1]), []).append(int(child))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop(0))
-        todo += children.get(found[-1], [])
-    return found
-
-
 def _clean_run(factory: pytest.TempPathFactory, name: str, spec: Callable[[Job, Path], Path]) -> tuple[Path, Path]:
     """A run of ``spec(job, checkpoints)`` with nothing lost: (its run directory, its checkpoints)."""
     tmp = factory.mktemp(name)
@@ -163,7 +147,7 @@ def test_a_signal_to_the_job_stops_the_workers_of_every_node(job: Job, tmp_path:
     while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):
         assert sup.poll() is None and time.monotonic() < deadline, "workers never got ready"
         time.sleep(0.05)
-    sup.send_signal(signal.SIGTERM)  # to `phalanx run --local-nodes`, which hands it to node 0
+    sup.sendsignal_all(signal.SIGTERM)  # to `phalanx run --local-nodes`, which hands it to node 0
     out, _ = sup.communicate(timeout=60)
     assert sup.returncode == 128 + signal.SIGTERM, out
     assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == ["SIGTERM", "SIGTERM"]  # rank 1: node 1
@@ -214,11 +198,10 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_weights_end_bitwise_identi
     silence, replaced by the spare; the frozen processes are killed when the job ends."""
     sup, run = _launch(job, _spec(job, tmp_path / "ckpt", extra=", spare_nodes: 1"))
     first = _after_checkpoint(sup, run)
-    node1 = _tree(_agent_pid(run, 1))
+    node1 = descendants(_agent_pid(run, 1))
     killed = time.time()
     try:
-        for pid in node1:
-            os.kill(pid, signal.SIGSTOP)
+        signal_all(node1, signal.SIGSTOP)
         out, _ = sup.communicate(timeout=300)
     finally:
         sup.kill()
@@ -270,16 +253,13 @@ def test_a_lost_node_is_recovered_in_process_by_the_spare_nodes_warm_spares(
     sup, run = _launch(job, _in_process_spec(job, tmp_path / "ckpt", memory_every_steps=1000 if stale else 1))
     _spares_ready(sup, run)
     first = _after_checkpoint(sup, run, steps=at)
-    node1 = _tree(_agent_pid(run, 1))
+    node1 = descendants(_agent_pid(run, 1))
     struck = [first["pids"]["3"]] if how == "rank crashed" else node1
     try:
-        for pid in struck:
-            os.kill(pid, signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
+        signal_all(struck, signal.SIGSTOP if how == "frozen" else signal.SIGKILL)
         out, _ = sup.communicate(timeout=300)
     finally:
-        for pid in node1:  # a frozen node's processes, if the job did not end them
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_all(node1, signal.SIGKILL)  # a frozen node's processes, if the job did not end them
         sup.kill()
     assert sup.returncode == 0, f"{how} after step {at}: " + out[-4000:]
     if how == "rank crashed":
@@ -399,16 +379,13 @@ def test_when_the_rendezvous_host_dies_or_freezes_every_node_stops_and_says_why(
     first = _after_checkpoint(sup, run, steps=2)
     (joined,) = _events(run, "nodes_joined")
     agents = [a["pid"] for a in joined["agents"].values()]
-    node0 = _tree(_agent_pid(run, 0))
+    node0 = descendants(_agent_pid(run, 0))
     struck = time.time()
     try:
-        for pid in node0:
-            os.kill(pid, sig)
+        signal_all(node0, sig)
         out, _ = sup.communicate(timeout=120)
     finally:  # a failure leaves nothing frozen behind: the agents die with `--local-nodes`, workers with them
-        for pid in node0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_all(node0, signal.SIGKILL)
         sup.kill()
     assert sup.returncode == 1, out[-4000:]
     wait_gone([*agents, *first["pids"].values(), *node0])  # node 0's frozen tree killed by `--local-nodes`

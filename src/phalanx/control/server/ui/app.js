@@ -74,8 +74,8 @@ function loginPage() {
     try {
       await whoami();
       sessionStorage.setItem("phalanx-token", token);
-      location.hash = "#/jobs";
-      route();
+      if (location.hash === "#/jobs") route();
+      else location.hash = "#/jobs"; // routed by its hashchange
     } catch (e) {
       $("#login-error").textContent = e.message;
     }
@@ -448,14 +448,17 @@ function fleetPage() {
 }
 
 // --- routing: #/jobs, #/jobs/ID, #/compare/ID,ID,..., #/fleet
+let routing = 0; // the latest route's number: one overtaken while it waited for the server draws nothing
 async function route() {
+  const mine = ++routing;
   stopPage();
   if (!token) return loginPage();
   try {
     await whoami();
   } catch {
-    return logout();
+    return mine === routing && logout();
   }
+  if (mine !== routing) return; // a newer route draws the page: drawing it twice would wipe what was typed
   const [, page, id] = location.hash.split("/");
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.id === `nav-${page}`);
   if (page === "fleet") fleetPage();
