@@ -147,7 +147,7 @@ def test_a_signal_to_the_job_stops_the_workers_of_every_node(job: Job, tmp_path:
     while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):
         assert sup.poll() is None and time.monotonic() < deadline, "workers never got ready"
         time.sleep(0.05)
-    sup.sendsignal_all(signal.SIGTERM)  # to `phalanx run --local-nodes`, which hands it to node 0
+    sup.send_signal(signal.SIGTERM)  # to `phalanx run --local-nodes`, which hands it to node 0
     out, _ = sup.communicate(timeout=60)
     assert sup.returncode == 128 + signal.SIGTERM, out
     assert [(tmp_path / f"got-{r}").read_text() for r in range(2)] == ["SIGTERM", "SIGTERM"]  # rank 1: node 1
