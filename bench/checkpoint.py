@@ -18,8 +18,8 @@ round, saves the same training state by each method in turn, training between sa
   hashed as it is written) and commit, behind training; the trainer waits in ``staged()`` before its
   optimizer step.
 - phalanx's memory snapshot (in-process recovery's state, ``checkpoint/memory.py``): each rank serializes its
-  shard into host memory and trades a copy with its ring neighbour; synchronous, so its whole cost is the
-  time it blocks.
+  shard into host memory and trades a copy with its ring neighbour; both run beside training, but here it is
+  waited for at once, so its whole cost is the time it blocks (an upper bound of what training waits for).
 
 Blocked: what the training thread spends in those calls (the save call, then the wait for staging inside the
 next step). Whole cost: the wall time the save added to training, that is blocked plus, over the steps that
@@ -74,7 +74,7 @@ def launch(args: argparse.Namespace) -> None:
         "each figure is the median over the runs, with their range. DCP async_save runs with a kept "
         "`DefaultStager` (async staging into cached buffers), the setting its docs recommend that works on CPU. "
         "The memory snapshot is in-process recovery's: each rank's shard serialized into host memory and a copy "
-        "traded with its ring neighbour, synchronously.",
+        "traded with its ring neighbour, waited for at once (in training both run beside the next step).",
     )
     report.table(
         ["method", "blocked per save, ms", "whole cost per save, ms", "steps beside the write", "first save, ms"],
@@ -214,6 +214,7 @@ def worker(args: argparse.Namespace) -> None:
                 started = time.perf_counter()
                 if method == MEMORY:
                     memory.take(save_id, trainer.in_memory)
+                    memory.settle()
                 else:
                     dcp.save(trainer.state, checkpoint_id=where)
                 took, work = time.perf_counter() - started, []

@@ -23,7 +23,6 @@ ratios to each peer; the sides take turns, ``--repeats`` times, and each figure 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -38,6 +37,9 @@ from pathlib import Path
 from _report import Report, spread
 
 from phalanx.obs import read_jsonl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import descendants, signal_all
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
@@ -60,22 +62,6 @@ def _steps(path: Path) -> list[dict]:
     return list(read_jsonl(path)) if path.is_file() else []
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and every process below it (torchrun and phalanx start workers in sessions of their
-    own, so a process group does not hold them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    for each in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(each, signal.SIGKILL)
-
-
 def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list[int]) -> list[float]:
     """Kill rank 1 when the job has done each step in ``kill_at``; the seconds from each kill to the next
     step completed. A job that makes no step for STALL_S is stopped (it and every process below it), and it or
@@ -90,7 +76,7 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
             if (count := len(_steps(steps_file))) != progress[1]:
                 progress[:] = [time.monotonic(), count]
             elif time.monotonic() - progress[0] > STALL_S:
-                _kill_tree(proc.pid)
+                signal_all(descendants(proc.pid), signal.SIGKILL)
                 raise RoundLost(f"no step for {STALL_S} s after {count} steps, {what}; stopped")
             time.sleep(0.01)
 
@@ -254,7 +240,7 @@ def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         assert groups[1].wait(timeout=120) == 0, "replica group 1 failed"
     finally:
         for group in groups:
-            _kill_tree(group.pid)
+            signal_all(descendants(group.pid), signal.SIGKILL)
         lighthouse.kill()
         lighthouse.wait()
     return time.time() - started, recoveries

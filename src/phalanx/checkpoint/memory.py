@@ -2,9 +2,12 @@
 training state into host memory and sends a copy to a neighbour rank, so that the state of a rank that dies
 is still held by a live one and a recovery reads no storage (Gemini, SOSP '23, does this across machines).
 
-Two snapshots are kept. A rank can finish snapshot s + 1 while a peer dies before finishing it (the ranks
-step together, so never further apart than that); the recovery agrees on the newest step every survivor
-holds whole (``steps()``), and the rank that dies loses at most the steps since its last snapshot.
+Both the copy into host memory and the trade run in the background, beside the next step: training waits
+only before its optimizer changes what is being copied (``copied()``), and the trade has a process group of
+its own. A snapshot counts once its trade is done. Two snapshots are kept. A rank can finish snapshot s + 1
+while a peer dies before finishing it (the ranks step together, so never further apart than that); the
+recovery agrees on the newest step every survivor holds whole (``steps()``), and the rank that dies loses at
+most the steps since its last snapshot.
 
 State is a dict of Stateful objects: the model and its optimizer themselves (their native state dicts, which
 neither gather nor reshard: the layout, world size and ranks are the same after a recovery), the LR schedule,
@@ -17,7 +20,10 @@ from __future__ import annotations
 import datetime
 import math
 import pickle
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import MappingKey, tree_map_only, tree_map_with_path
 
-from phalanx.obs.protocol import PeerLost
+from phalanx.obs.protocol import PeerLost, peer_lost
 
 KEEP = 2
 ALIGN = 64  # bytes: every tensor of a snapshot starts at a multiple, so it can be viewed as its dtype
@@ -74,7 +80,15 @@ def serialize(state: dict[str, Any]) -> torch.Tensor:
     """``state``'s values (Stateful objects or plain values) as bytes in a uint8 tensor, a copy in host memory:
     every tensor's bytes one after another (each copied once, aligned so it can be viewed in place), then the
     rest of the state, pickled with the tensors' places, then that pickle's length."""
-    flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+    return _pack(_state_dicts(state))
+
+
+def _state_dicts(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``state`` is now: its objects' state dicts, which hold its very tensors (no copy yet)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+
+
+def _pack(flat: dict[str, Any]) -> torch.Tensor:
     tensors: list[tuple[_Stored, torch.Tensor]] = []
     end = 0
 
@@ -126,6 +140,11 @@ def restore(blob: torch.Tensor, state: dict[str, Any]) -> None:
         state[key].load_state_dict(value)
 
 
+def _keep_newest(snapshots: dict[int, torch.Tensor]) -> None:
+    for old in sorted(snapshots)[:-KEEP]:
+        del snapshots[old]
+
+
 class PeerMemory:
     """This rank's snapshots and its ring neighbour's, taken together by every rank of the default group."""
 
@@ -133,12 +152,20 @@ class PeerMemory:
         """``interrupted``: whether a recovery has begun. ``stride``: the neighbour holding this rank's copy is
         ``rank + stride`` (on several nodes, the same local rank of the next node, so that a node's loss
         leaves its copies on another)."""
-        self.every_steps, self.interrupted = every_steps, interrupted
-        rank, world = dist.get_rank(), dist.get_world_size()
-        self.stride = stride
-        self.rank, self.holder, self.held_for = rank, (rank + stride) % world, (rank - stride) % world
+        self.every_steps, self.interrupted, self.stride = every_steps, interrupted, stride
         self.own: dict[int, torch.Tensor] = {}
         self.held: dict[int, torch.Tensor] = {}  # the neighbour ``held_for``'s snapshots, by step
+        self._copied: Future[None] | None = None  # the snapshot in flight has read the state
+        self._trade_done: Future[None] | None = None
+        self._group: dist.ProcessGroup | None = None
+        self.bind()
+
+    def bind(self) -> None:
+        """Take this process's places in the default group, and make the trades' own group on it: every rank
+        calls this after the group is (re)made, at the same point among the groups it makes."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.holder, self.held_for = rank, (rank + self.stride) % world, (rank - self.stride) % world
+        self._group = dist.new_group(backend="gloo")
 
     def holder_of(self, rank: int) -> int:
         """The rank that holds ``rank``'s copy."""
@@ -146,26 +173,63 @@ class PeerMemory:
 
     def forget(self) -> None:
         """Drop every snapshot (the state came from elsewhere: the ring is made again by the next one)."""
+        self.settle()
         self.own, self.held = {}, {}
 
     def due(self, step: int) -> bool:
         return step % self.every_steps == 0
 
     def steps(self) -> list[int]:
-        """Steps this rank holds whole: its own snapshot and its neighbour's."""
+        """Steps this rank holds whole: its own snapshot and its neighbour's, traded (the trade in flight
+        settled first: done, or given up on once a recovery began)."""
+        self.settle()
         return sorted(set(self.own) & set(self.held))
 
     def bytes(self) -> int:
         return sum(b.numel() for b in (*self.own.values(), *self.held.values()))
 
     def take(self, step: int, state: dict[str, Any]) -> None:
-        """Snapshot ``state`` as of ``step`` and trade copies with the neighbours (a collective of all ranks)."""
-        mine = serialize(state)
-        theirs = self._trade(mine)
-        self.own[step], self.held[step] = mine, theirs
-        for kept in (self.own, self.held):
-            for old in sorted(kept)[:-KEEP]:
-                del kept[old]
+        """Snapshot ``state`` as of ``step`` and trade copies with the neighbours (a collective of all ranks, on
+        the trades' group), both in the background: nothing may change the state before ``copied()``. The
+        previous snapshot is settled first."""
+        self.settle()
+        flat = _state_dicts(state)
+        self._copied, self._trade_done = copied, done = Future(), Future()
+
+        def work() -> None:  # a daemon: a process that fails is not held at its exit by a trade
+            try:
+                mine = _pack(flat)
+                copied.set_result(None)
+                self.own[step] = mine
+                _keep_newest(self.own)
+                self.held[step] = self._trade(mine)
+                _keep_newest(self.held)
+                done.set_result(None)
+            except BaseException as e:
+                for future in (copied, done):
+                    if not future.done():
+                        future.set_exception(e)
+
+        threading.Thread(target=work, name="phalanx-memory-snapshot", daemon=True).start()
+
+    def copied(self) -> float:
+        """Wait until the snapshot in flight has copied the state, which may then change; the seconds waited."""
+        began = time.perf_counter()
+        if self._copied is not None:
+            self._copied.result()
+        return time.perf_counter() - began
+
+    def settle(self) -> None:
+        """Wait for the trade in flight. One a dead peer broke (or given up on: a recovery began) leaves its
+        step not whole; any other error is raised."""
+        done, self._trade_done, self._copied = self._trade_done, None, None
+        if done is None:
+            return
+        try:
+            done.result()
+        except RuntimeError as e:
+            if not peer_lost(e):
+                raise
 
     def after_recovery(self, step: int, joiners: list[int], restored: torch.Tensor) -> None:
         """Make the ring whole again at ``step`` without a new snapshot: each joiner's copy is already with its
@@ -178,17 +242,25 @@ class PeerMemory:
         if self.holder in joiners:
             self._send(self.own[step], self.holder)
 
+    def close(self) -> None:
+        """The last trade settled and the trades' group destroyed, while the default group lives: one left to
+        the interpreter's exit is torn down in an order that can abort the process."""
+        self.settle()
+        if not any(group is self._group for _, group in _ABANDONED):
+            dist.destroy_process_group(self._group)
+        self._group = None
+
     def _trade(self, mine: torch.Tensor) -> torch.Tensor:
         """Send ``mine`` to the holder and receive the neighbour's: all-to-all collectives (sizes, then the bytes)
         in which every other pair trades nothing."""
-        world = dist.get_world_size()
+        world = dist.get_world_size(self._group)
         sizes, their_sizes = torch.zeros(world, dtype=torch.int64), torch.empty(world, dtype=torch.int64)
         sizes[self.holder] = mine.numel()
-        self._wait(dist.all_to_all_single(their_sizes, sizes, async_op=True))
+        self._wait(dist.all_to_all_single(their_sizes, sizes, group=self._group, async_op=True))
         theirs = torch.empty(int(their_sizes[self.held_for]), dtype=torch.uint8)
         send, receive = [0] * world, [0] * world
         send[self.holder], receive[self.held_for] = mine.numel(), theirs.numel()
-        self._wait(dist.all_to_all_single(theirs, mine, receive, send, async_op=True))
+        self._wait(dist.all_to_all_single(theirs, mine, receive, send, group=self._group, async_op=True))
         return theirs
 
     def _wait(self, work: dist.Work) -> None:
@@ -202,7 +274,7 @@ class PeerMemory:
                 if "timed out" not in str(e):
                     raise
             if self.interrupted():
-                _ABANDONED.append((work, dist.group.WORLD))
+                _ABANDONED.append((work, self._group))
                 raise PeerLost("a peer died during a memory snapshot's trade (a recovery has begun)")
 
     def hand_over(self, step: int, to: int) -> None:

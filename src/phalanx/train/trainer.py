@@ -212,6 +212,8 @@ class Trainer:
         dist.all_reduce(totals)
         loss_sum, stopping, reported = totals.tolist()
         loss_mean = loss_sum / (self.ctx.world_size // self.parallel.pp) * (1 + reported)
+        if self.ft is not None:  # the last memory snapshot's copy, done before anything changes the state
+            self._checkpoint_s += self.ft.memory.copied()
         problem = self.guard.problem(loss_mean, norm)
         lr = self.scheduler.get_last_lr()[0]
         if problem is None:  # a bad step changes nothing; resilience.on_nan decides what happens next
@@ -292,6 +294,8 @@ class Trainer:
                     self._recover(e)
         finally:
             self.batches.close()
+        if self.ft is not None:
+            self.ft.memory.close()
         self.checkpoints.close()
 
     def _step(self) -> None:
@@ -335,6 +339,7 @@ class Trainer:
         assert self.ctx.spec is not None and self.ft is not None
         began = time.perf_counter()
         decided = self.ft.decision(error)
+        self.ft.memory.settle()  # a trade in flight ends (given up on, now that a recovery began) before its group
         self.batches.close()
         self.checkpoints.abandon(self.ft.timeout_s)
         every = self.checkpoints.every  # an automatic interval tuned so far is kept
@@ -351,6 +356,7 @@ class Trainer:
         with self.ft.rebuilding():
             self.ctx.rejoin(self.ctx.generation + 1)
         self._build(weights=False)
+        self.ft.memory.bind()
         self.checkpoints.every = every
         step = self.ft.restore(self.in_memory, decided["ranks"], decided["reached"], _Stored(self), began=began)
         self.checkpoints.last_saved = step
@@ -387,6 +393,8 @@ class Trainer:
         runs out and it sends SIGKILL; then exit as a process stopped by SIGTERM does."""
         assert self.ctx.spec is not None
         step = self.progress.step
+        if self.ft is not None:
+            self.ft.memory.close()  # every rank stops at this step: its trade ends
         self.checkpoints.save(step, self.state, sync=True)
         self.checkpoints.close()
         since = time.monotonic() - self._preempted_at if self._preempted_at is not None else 0.0
