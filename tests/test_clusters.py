@@ -207,6 +207,53 @@ def test_a_node_taken_down_mid_run_is_replaced_by_the_spare(
     assert _losses(run) == reference  # the spare ran node 1's ranks from the checkpoint: the same training
 
 
+IN_PROCESS = (  # 2 x 2 HSDP (replicated across the nodes, sharded within each) with a spare node
+    "name: inproc\nresources: {nodes: 2, spare_nodes: 1, procs_per_node: 2, device: cpu}\n"
+    "train: {model: {preset: llama-tiny}, steps: 80, global_batch: 8, micro_batch: 2, seq_len: 32,"
+    " parallel: {dp_replicate: 2, dp_shard: 2}, optimizer: {lr: 3.0e-3, warmup_steps: 2}}\n"
+    "checkpoint: {every_steps: 4, keep_last: 2}\n"
+    "resilience: {max_restarts: 3, restart_backoff_s: 0, stop_grace_s: 10, node_timeout_s: 5, in_process: true}\n"
+)
+
+
+def test_a_frozen_node_is_recovered_in_process_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Node 1's machine frozen (its slurmd, its step's slurmstepd, its agent and workers stopped) in the middle
+    of a job that recovers in process: node 0 finds it lost by its silence, the spare node's warm spares take
+    its ranks with their state from node 0's memory, node 0's workers keep their processes, no attempt
+    restarts, and every step's loss is that of the same job run clean with --local-nodes."""
+    job_id, where = _submit(slurm, tmp_path, IN_PROCESS)
+    run = _after_checkpoint(tmp_path / "runs" / "inproc")
+    deadline = time.monotonic() + 120
+    while not _events(run, "spares_ready"):
+        assert time.monotonic() < deadline, "the spare node's spares never got ready"
+        time.sleep(0.1)
+    (joined,) = _events(run, "nodes_joined")
+    (began,) = _events(run, "attempt_started")
+    victim = slurm.node_at(joined["agents"]["1"]["addr"])
+    slurm.strike(victim, signal.SIGSTOP)
+    try:
+        _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    finally:
+        slurm.restart(victim)  # the machine rebooted: its frozen processes killed, its slurmd back
+    assert _info(slurm, job_id).state == "COMPLETED", (where / f"slurm-{job_id}.out").read_text()[-3000:]
+    (lost,) = _events(run, "node_lost")
+    assert lost["node"] == 1 and not lost["closed"]  # found by its silence: a frozen machine closes nothing
+    (recovered,) = _events(run, "recovery_started")
+    assert (recovered["node"], recovered["ranks"]) == (1, [2, 3])
+    assert [recovered["pids"][r] for r in "01"] == [began["pids"][r] for r in "01"]  # node 0's kept their processes
+    (restored,) = _events(run, "recovered_in_process")
+    assert restored["source"] == "memory" and restored["lost_steps"] <= 1, restored
+    assert len(_events(run, "attempt_started")) == 1 and not _events(run, "restart_scheduled")
+    (tmp_path / "clean").mkdir()
+    clean = Job(tmp_path / "clean")
+    done = subprocess.run(
+        [*clean.argv(clean.spec(IN_PROCESS)), "--local-nodes"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    (clean_run,) = (clean.runs / "inproc").iterdir()
+    assert _losses(run) == _losses(clean_run)  # every step, the one run again included: the clean run's loss
+
+
 def _job_processes(job_id: str) -> list[int]:
     """Live processes of Slurm job ``job_id`` on this machine (every node's): those with its id in their
     environment (the batch script, srun, the agents, the workers)."""
