@@ -40,15 +40,17 @@ ALIGN = 64  # bytes: every tensor of a snapshot starts at a multiple, so it can 
 WAIT_SLICE = datetime.timedelta(seconds=0.2)  # a trade looks this often whether a recovery has begun
 
 
-# Trades given up on, with their process groups. Gloo may never finish a transfer whose peer was killed in the
-# middle of it, and a group's destructor waits for its transfers: were it collected (at any garbage collection
-# after the recovery), the process would hang there. They are kept for the life of the process instead, which
+# Trades given up on or broken, with their process groups. Gloo may never finish a transfer whose peer was
+# killed in the middle of it, and a group's destructor waits for its transfers: were it collected (at any garbage
+# collection after the recovery), the process would hang there; one whose connections broke mid-transfer, torn
+# down at the interpreter's exit, aborted the process. They are kept for the life of the process instead, which
 # then ends without destroying them (``abandoned()``).
 _ABANDONED: list[tuple[dist.Work, Any]] = []
 
 
 def abandoned() -> bool:
-    """Whether this process holds a trade it gave up on: it must end with ``os._exit``, skipping destructors."""
+    """Whether this process holds a trade it gave up on (or one that broke): it must end with ``os._exit``,
+    skipping destructors."""
     return bool(_ABANDONED)
 
 
@@ -272,6 +274,7 @@ class PeerMemory:
                 return
             except RuntimeError as e:
                 if "timed out" not in str(e):
+                    _ABANDONED.append((work, self._group))
                     raise
             if self.interrupted():
                 _ABANDONED.append((work, self._group))
