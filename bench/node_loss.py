@@ -3,14 +3,15 @@ the state from peers' memory) against phalanx's restart path and against phalanx
 peer: before agents were tethered to node 0), all in the same run (bench/RESULTS.md,
 docs/benchmarks/node_loss.md).
 
-    python bench/node_loss.py [--peer REF] [--runs 3] [--out section.md]
+    python bench/node_loss.py [--peer REF] [--runs 3] [--torchft-python PY] [--out section.md]
 
 `phalanx run --local-nodes`: 2 nodes x 2 CPU processes of llama-tiny (HSDP 2 x 2) and spare nodes, each an
 agent on its own loopback address. Once the spare node's warm spares are ready and a checkpoint is committed,
 node 1's agent and workers are killed (SIGKILL: the processes gone, their kernel closes their sockets) or
 frozen (SIGSTOP: a hung machine, which closes nothing). Measured from the signal: the node_lost event
-(detection), and the first step completed after it. Then a run that loses a node twice in 60 steps (two
-spare nodes), and its goodput.
+(detection), and the first step completed after it. The same job under torchft (where it is installed, as
+in ``make bench-env``), each node a replica group (bench/_torchft_nodes.py), node 1 killed alike. Then a run
+that loses a node twice in 60 steps (two spare nodes), and its goodput.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _torchft_nodes
 from _report import Report, spread
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +150,14 @@ def main() -> None:
     parser.add_argument("--peer", default=PEER, help="the git ref whose restart path to compare with")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--torchft-python",
+        default=str(REPO / ".venv-bench" / "bin" / "python"),
+        help="an interpreter with torchft (`make bench-env`); without it, torchft's row is left out",
+    )
     args = parser.parse_args()
+    probe = [args.torchft_python, "-c", "import torchft"]
+    torchft = Path(args.torchft_python).is_file() and subprocess.run(probe, capture_output=True).returncode == 0
     # (row, phalanx from the peer's src, in process, signal)
     cases = [
         ("in process, node killed", False, True, signal.SIGKILL),
@@ -157,6 +166,7 @@ def main() -> None:
         (f"restart, node killed, at {args.peer}", True, False, signal.SIGKILL),
     ]
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in cases}
+    theirs: list[float] = []  # torchft's: from the kill to the next step
     with tempfile.TemporaryDirectory() as tmp:
         peer = Path(tmp) / "peer"
         subprocess.run(["git", "worktree", "add", "--detach", str(peer), args.peer], cwd=REPO, check=True,
@@ -167,6 +177,9 @@ def main() -> None:
                     work = Path(tmp) / f"{len(measured[name])}-{n}-{name.replace(' ', '-').replace(',', '')}"
                     work.mkdir()
                     measured[name].append(one(peer / "src" if at_peer else REPO / "src", work, in_process, sig))
+                if torchft:
+                    work = Path(tempfile.mkdtemp(dir=tmp))
+                    theirs.append(_torchft_nodes.one(args.torchft_python, work, signal.SIGKILL))
             two = [twice(Path(tempfile.mkdtemp(dir=tmp))) for _ in range(args.runs)]
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(peer)], cwd=REPO, check=False)
@@ -178,10 +191,22 @@ def main() -> None:
         "frozen (SIGSTOP) after step 30, once a checkpoint is committed (and, in process, the spare node's "
         f"warm spares wait). {args.runs} runs of each, alternating; median (range), seconds from the signal. "
         f"The peer is phalanx at `{args.peer}` (the same environment, its `src/` in a git worktree): a lost node "
-        "found by its heartbeats alone.",
+        "found by its heartbeats alone."
+        + (
+            " torchft 0.2.0 (bench/_torchft_nodes.py): the same job, each node a replica group of 2 processes "
+            "under its own torchrun on the node's address (FSDP2 within it, torchft's Manager averaging the "
+            "groups' gradients, a lighthouse with its defaults but join_timeout_ms 1000, as in bench/recovery.py: "
+            "its heartbeat timeout, 5 s, finds a lost group), node 1's torchrun and workers killed after step 30: "
+            "node 0's group trains on alone, with half the data parallelism (torchft drops a lost replica group; "
+            "it is not the same training)."
+            if torchft
+            else ""
+        ),
     )
     rows = [[name, spread([r[0] for r in runs], fmt="{:.2f}"), spread([r[1] for r in runs], fmt="{:.2f}")]
             for name, runs in measured.items()]  # fmt: skip
+    if theirs:
+        rows.append(["torchft, node killed (its replica group dropped)", "", spread(theirs, fmt="{:.2f}")])
     report.table(["node 1", "found lost", "next step done"], rows)
     killed = measured["in process, node killed"]
     restart, peer_restart = measured["restart, node killed"], measured[f"restart, node killed, at {args.peer}"]
@@ -189,6 +214,8 @@ def main() -> None:
     report.ratio("in process, killed: next step / (2 s + a step)", [r[1] / (2 + step_s) for r in killed], "<= 1")
     report.ratio("in process / restart path, killed: next step", [a[1] / b[1] for a, b in zip(killed, restart,
                  strict=True)], "<= 0.3")  # fmt: skip
+    if theirs:
+        report.ratio("in process / torchft, killed: next step", [a[1] / b for a, b in zip(killed, theirs, strict=True)])
     report.ratio(f"restart path, killed: next step, phalanx / {args.peer}",
                  [a[1] / b[1] for a, b in zip(restart, peer_restart, strict=True)])  # fmt: skip
     report.ratio("two nodes lost in 60 steps: goodput of the training time", [t[1] for t in two], ">= 0.9", unit="")
