@@ -248,8 +248,8 @@ class PeerMemory:
         """The last trade settled and the trades' group destroyed, while the default group lives: one left to
         the interpreter's exit is torn down in an order that can abort the process."""
         self.settle()
-        if not any(group is self._group for _, group in _ABANDONED):
-            dist.destroy_process_group(self._group)
+        if self._group is not None and not any(group is self._group for _, group in _ABANDONED):
+            dist.destroy_process_group(self._group)  # (None would be the default group)
         self._group = None
 
     def _trade(self, mine: torch.Tensor) -> torch.Tensor:
