@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from servers import descendants, signal_all  # noqa: E402
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import descendants, free_port, signal_all  # noqa: E402
 
 
 def one(python: str, work: Path, sig: signal.Signals, at: int = 30, timeout_s: float = 300) -> float:
     """Start both replica groups, ``sig`` to node 1's torchrun and workers once ``at`` steps are committed;
     the seconds from the signal to the next step committed (by node 0's group, training on alone)."""
-    port = _port()
+    port = free_port()
     lighthouse = subprocess.Popen(
         [str(Path(python).with_name("torchft_lighthouse")), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
          "--join_timeout_ms", "1000"],
@@ -46,7 +39,7 @@ def one(python: str, work: Path, sig: signal.Signals, at: int = 30, timeout_s: f
         for node in range(2):
             addr = f"127.0.0.{2 + node}"
             argv = [python, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
-                    f"--master-addr={addr}", f"--master-port={_port()}", __file__]  # fmt: skip
+                    f"--master-addr={addr}", f"--master-port={free_port()}", __file__]  # fmt: skip
             with (work / f"node-{node}.log").open("w") as log:
                 nodes.append(subprocess.Popen(argv, env={**env, "REPLICA_GROUP_ID": str(node), "NODE_ADDR": addr},
                                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO))  # fmt: skip

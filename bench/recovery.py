@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from _report import Report, spread
 from phalanx.obs import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from servers import descendants, signal_all
+from servers import descendants, free_port, signal_all
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = str(max(1, (os.cpu_count() or 1) // 2))  # per process: two processes of a side run at a time
@@ -205,9 +204,7 @@ def peer() -> None:
 def run_torchft(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tuple[float, list[float]]:
     """Two replica groups of one process each, each under its own ``torchrun --max-restarts``, coordinated
     by a torchft lighthouse: the survivor of a kill trains on while the killed group restarts and heals from it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     lighthouse_cmd = [str(Path(args.torchft_python).with_name("torchft_lighthouse")), "--min_replicas", "1"]
     lighthouse = subprocess.Popen(
         [*lighthouse_cmd, "--bind", f"127.0.0.1:{port}", "--join_timeout_ms", "1000"],

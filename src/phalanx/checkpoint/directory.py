@@ -58,6 +58,10 @@ class CheckpointDir:
     def committed(self, step: int) -> bool:
         return self.fs.isfile(f"{self.path(step)}/{COMMITTED}")
 
+    def newest_committed(self) -> int | None:
+        """The newest committed step (not verified: loading does that), looked for from the newest down."""
+        return next((step for step in reversed(self.steps()) if self.committed(step)), None)
+
     def size(self, step: int) -> int:
         return int(self.fs.du(self.path(step)))
 

@@ -193,6 +193,12 @@ class CheckpointManager:
         dist.broadcast_object_list(found, src=0)
         return None if found[0] is None else CheckpointInfo(found[0], self.dir.location(found[0]))
 
+    def newest_committed(self) -> int | None:
+        """The newest committed checkpoint's step, read by rank 0 (no checkpoint is read) and told to the others."""
+        found = [self.dir.newest_committed() if self.rank == 0 else None]
+        dist.broadcast_object_list(found, src=0)
+        return found[0]
+
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> None:
         dcp.load(state, checkpoint_id=self.dir.location(info.step))
         self.last_saved = info.step

@@ -151,10 +151,9 @@ def _corrupt_newest_checkpoint(run: RunDir) -> str:
 
     spec = load_spec(run.spec)
     checkpoints = CheckpointDir(spec.checkpoint.dir or run.checkpoints)
-    committed = [s for s in checkpoints.steps() if checkpoints.committed(s)]
-    if not committed:
+    step = checkpoints.newest_committed()
+    if step is None:
         raise ChaosError(f"no committed checkpoint in {checkpoints}")
-    step = committed[-1]
     names = sorted(checkpoints.manifest(step)["files"].items(), key=lambda item: item[1]["size"])
     name = names[-1][0]
     path = f"{checkpoints.path(step)}/{name}"

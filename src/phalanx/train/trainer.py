@@ -414,12 +414,7 @@ class _Stored:
     trainer: Trainer
 
     def newest(self) -> int | None:
-        """The newest committed checkpoint's step: rank 0 lists them (reading no checkpoint), every rank learns."""
-        checkpoints, found = self.trainer.checkpoints, [None]
-        if checkpoints.rank == 0:
-            found[0] = max((s for s in checkpoints.dir.steps() if checkpoints.dir.committed(s)), default=None)
-        dist.broadcast_object_list(found, src=0)
-        return found[0]
+        return self.trainer.checkpoints.newest_committed()
 
     def load(self, step: int) -> int:
         """Load the newest checkpoint that verifies (``step``'s, unless it does not); its step."""

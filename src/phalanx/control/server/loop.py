@@ -357,7 +357,7 @@ def _newest_checkpoint(job: Job) -> int | None:
     if not job.checkpoint_dir:
         return None
     checkpoints = CheckpointDir(job.checkpoint_dir)
-    return next((step for step in reversed(checkpoints.steps()) if checkpoints.committed(step)), None)
+    return checkpoints.newest_committed()
 
 
 def _signal_received(run_dir: str | None) -> bool:
