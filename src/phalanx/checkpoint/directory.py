@@ -123,6 +123,17 @@ class CheckpointDir:
             skipped(step, problem)
         return None
 
+    def retire(self, keep_last: int, keep_every: int | None) -> None:
+        """Delete the committed checkpoints that neither the newest ``keep_last`` nor ``keep_every`` keep; nothing
+        else (a save in progress has no marker yet)."""
+        committed = [s for s in self.steps() if self.committed(s)]
+        keep = set(committed[-keep_last:])
+        if keep_every:
+            keep |= {s for s in committed if s % keep_every == 0}
+        for step in committed:
+            if step not in keep:
+                self.remove(step)
+
     def remove(self, step: int) -> None:
         path = self.path(step)
         if self.fs.exists(f"{path}/{COMMITTED}"):

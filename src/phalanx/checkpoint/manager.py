@@ -159,7 +159,7 @@ class CheckpointManager:
                 f"training blocked {blocked * 1e3:.0f} ms, written in {wrote:.2f} s"
             )
             self.event(Event.CHECKPOINT_COMMITTED, step=step, bytes=size, blocked_s=blocked, write_s=wrote)
-            self._retire()
+            self.dir.retire(self.policy.keep_last, self.policy.keep_every)
         dist.barrier(group=self._group)  # no rank moves on (or looks for the latest) before the commit is visible
 
     def _describe_files(self, step: int, written: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -171,16 +171,6 @@ class CheckpointManager:
             return {}
         known = {name: meta for part in gathered for name, meta in part.items()}
         return {name: known.get(name) or self.dir.describe_file(step, name) for name in self.dir.files(step)}
-
-    def _retire(self) -> None:
-        """Delete committed checkpoints that keep_last / keep_every no longer keep; nothing else."""
-        committed = [s for s in self.dir.steps() if self.dir.committed(s)]
-        keep = set(committed[-self.policy.keep_last :])
-        if self.policy.keep_every:
-            keep |= {s for s in committed if s % self.policy.keep_every == 0}
-        for step in committed:
-            if step not in keep:
-                self.dir.remove(step)
 
     def latest_valid(self) -> CheckpointInfo | None:
         """The newest checkpoint that verifies; older ones are tried in turn, and each skip is said.

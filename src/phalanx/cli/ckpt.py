@@ -1,4 +1,4 @@
-"""``phalanx ckpt``: list, verify and export checkpoints, local or in object storage."""
+"""``phalanx ckpt``: list, verify, export and import checkpoints, local or in object storage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from phalanx.cli.common import err, out
 if TYPE_CHECKING:
     from phalanx.checkpoint import CheckpointDir
 
-ckpt_app = typer.Typer(no_args_is_help=True, help="List, verify and export checkpoints.")
+ckpt_app = typer.Typer(no_args_is_help=True, help="List, verify, export and import checkpoints.")
 CKPT = typer.Argument(
     ..., help="a run directory (its checkpoints/), or a checkpoint directory: a path or a URL such as s3://bucket/run"
 )
@@ -76,6 +76,28 @@ def ckpt_export(
         err.print(f"[bold red]cannot export[/]: {e}", highlight=False)
         raise typer.Exit(1) from None
     err.print(f"exported step {step} of {checkpoints} to {', '.join(map(str, files))}", highlight=False)
+
+
+@ckpt_app.command("import")
+def ckpt_import(
+    source: Path = typer.Argument(
+        ...,
+        help="a DeepSpeed checkpoint: its step directory, a directory or run directory of them (the newest "
+        "valid one), or a directory DeepSpeed wrote by itself",
+    ),
+    out: str = typer.Option(..., "--out", "-o", help="the checkpoint root to write in: a recipe job's checkpoint.dir"),
+    preset: str | None = typer.Option(None, help="the model's preset, where the checkpoint's manifest records none"),
+) -> None:
+    """Import a DeepSpeed checkpoint (any ZeRO stage) of a Llama-shaped model as a checkpoint of the built-in recipe:
+    its weights, AdamW's moments and its step, which the recipe continues from at any layout."""
+    from phalanx.checkpoint.convert import ConvertError, import_deepspeed
+
+    try:
+        step, where = import_deepspeed(source, out, preset, log=lambda line: err.print(line, highlight=False))
+    except ConvertError as e:
+        err.print(f"[bold red]cannot import[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"imported step {step} of {source} to {where}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
