@@ -142,3 +142,32 @@ def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
     exported = transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(exported(tokens).logits, model.eval()(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_megatron_tensor_parallel_killed_resumes_with_the_losses_of_a_run_never_stopped(
+    job: Job, tmp_path: Path
+) -> None:
+    """examples/megatron_gpt.py at tensor parallel 2 under the test harness's CPU shim: a rank killed after the
+    first checkpoint; the job resumes from Megatron's dist_checkpointing files with every step's loss of a run
+    never stopped."""
+    shimmed = REPO / "tests" / "workers" / "megatron_cpu.py"
+
+    def spec(name: str) -> Path:
+        return job.spec(
+            "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+            f'command: [python, "{shimmed}", --tp, "2", --steps, "16"]\n'
+            f"checkpoint: {{dir: '{tmp_path / name}', every_steps: 4}}\n"
+            "resilience: {max_restarts: 2, restart_backoff_s: 0}\n"
+        )
+
+    clean = job.run(spec("straight"), timeout=300)
+    assert clean.returncode == 0, clean.stdout[-3000:]
+    expected = _losses(next((job.runs / "t").iterdir()))
+    assert sorted(expected) == list(range(16))
+    sup, run = _launch(job, spec("killed"))
+    os.kill(_when_attempt_progressed(sup, run, 0, 6, committed=True)[1], signal.SIGKILL)
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-4000:]
+    assert "resumed from" in out, out[-3000:]
+    assert _losses(run) == expected
+    assert CheckpointDir(tmp_path / "killed").manifest(16)["framework"] == "megatron"

@@ -138,6 +138,17 @@ class WorkerGroup:
         if self.running():
             self.send(signal.SIGKILL)
         self.join()
+        self._end_leftovers()
+
+    def _end_leftovers(self) -> None:
+        """What a worker started outlives it when it is killed (Megatron's checkpoint writer leaves a process
+        pool and its resource tracker): each worker's session, whose id is its pid, is ended with it. Once every
+        worker is reaped, an id still in use is its session's: the kernel gives no new process an id that a
+        session still holds, and hands a freed one out again only after going round its whole range."""
+        for w in self.workers:
+            assert w.proc is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
 
     def join(self) -> None:
         """Wait for every worker to exit and for its output to be written out."""
