@@ -1,11 +1,11 @@
 """A DeepSpeed ZeRO job under phalanx: a Llama-shaped model (phalanx's own, so `phalanx ckpt` reads its
 checkpoints), any ZeRO stage, DeepSpeed's own checkpoints committed and verified by phalanx, a save on SIGTERM.
 
-    phalanx run examples/deepspeed_zero.yaml                    # 2 processes, ZeRO-3
-    phalanx run examples/deepspeed_zero.yaml -- --zero 1        # (the spec's command takes the arguments)
+    phalanx run examples/deepspeed_zero.yaml        # 2 processes, ZeRO-3 (the spec's command: --zero 1, 2 or 3)
 
-It runs unchanged on GPUs (NCCL) and on CPUs (gloo). A restart resumes at the newest checkpoint that verifies,
-with the step's data: each step's batch is a function of the step alone.
+It is written to run unchanged on GPUs (NCCL, bf16) as on CPUs (gloo, fp32); so far it has run on CPUs only. A
+restart resumes at the newest checkpoint that verifies, with the step's data: each step's batch is a function of
+the step alone.
 """
 
 import argparse

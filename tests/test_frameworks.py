@@ -1,6 +1,7 @@
-"""Other frameworks' jobs under phalanx (phalanx.integrations): DeepSpeed's example at every ZeRO stage,
-killed, torn inside a save and preempted, against an uninterrupted run of the same script; its checkpoints
-imported into the recipe's format, continued by the recipe and exported for transformers."""
+"""Other frameworks' jobs under phalanx (phalanx.integrations): DeepSpeed's example at every ZeRO stage, killed,
+torn inside a save and preempted, and Megatron's at tensor parallel 2, killed, against uninterrupted runs of the
+same scripts; their checkpoints imported into the recipe's format, continued by the recipe and exported for
+transformers, whose logits are the frameworks' own."""
 
 from __future__ import annotations
 
@@ -111,6 +112,18 @@ def _phalanx(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "phalanx", *argv], capture_output=True, text=True, timeout=300)
 
 
+def _continues(job: Job, imported: Path, step: int) -> None:
+    """The built-in recipe (llama-tiny, FSDP over 2 processes) goes on from the imported checkpoint of ``step``."""
+    spec = job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        f"train: {{model: {{preset: llama-tiny}}, steps: {step + 2}, global_batch: 4, micro_batch: 2, seq_len: 16}}\n"
+        f"checkpoint: {{dir: '{imported}', every_steps: 100}}\n"
+    )
+    continued = job.run(spec, timeout=300)
+    assert continued.returncode == 0, continued.stdout[-3000:]
+    assert "resumed from" in continued.stdout and f"at step {step}" in continued.stdout, continued.stdout[-3000:]
+
+
 @pytest.mark.parametrize("zero", [1, 3])  # DeepSpeed's universal format keeps stages 1-2 and 3 apart
 def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
     job: Job, tmp_path: Path, straight: Straight, zero: int
@@ -123,16 +136,11 @@ def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
     _, ckpt = straight(zero)
     imported, hf = tmp_path / "imported", tmp_path / "hf"
     said = _phalanx("ckpt", "import", str(ckpt), "--out", str(imported))
-    assert said.returncode == 0 and f"imported step {STEPS} of" in said.stderr, said.stderr[-3000:]
-
-    spec = job.spec(
-        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
-        f"train: {{model: {{preset: llama-tiny}}, steps: {STEPS + 2}, global_batch: 4, micro_batch: 2, seq_len: 16}}\n"
-        f"checkpoint: {{dir: '{imported}', every_steps: 100}}\n"
+    assert said.returncode == 0 and f"imported step {STEPS} of" in said.stderr and "(deepspeed)" in said.stderr, (
+        said.stderr[-3000:]
     )
-    continued = job.run(spec, timeout=300)
-    assert continued.returncode == 0, continued.stdout[-3000:]
-    assert f"at step {STEPS}" in continued.stdout and "resumed from" in continued.stdout
+
+    _continues(job, imported, STEPS)
 
     said = _phalanx("ckpt", "export", str(imported), "--out", str(hf), "--step", str(STEPS))
     assert said.returncode == 0, said.stderr[-3000:]
@@ -144,30 +152,73 @@ def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
         torch.testing.assert_close(exported(tokens).logits, model.eval()(tokens), atol=1e-5, rtol=1e-5)
 
 
+SHIMMED = REPO / "tests" / "workers" / "megatron_cpu.py"  # the test harness's CPU shim, then the example
+MEGATRON_STEPS = 16
+
+
+def _megatron_spec(job: Job, where: Path) -> Path:
+    return job.spec(
+        "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
+        f'command: [python, "{SHIMMED}", --tp, "2", --steps, "{MEGATRON_STEPS}"]\n'
+        f"checkpoint: {{dir: '{where}', every_steps: 4}}\n"
+        "resilience: {max_restarts: 2, restart_backoff_s: 0}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def megatron_straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float], Path]:
+    """examples/megatron_gpt.py at tensor parallel 2, run through without a failure: its losses, its checkpoints."""
+    job = Job(tmp_path_factory.mktemp("megatron-straight"))
+    result = job.run(_megatron_spec(job, job.tmp / "ckpt"), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    losses = _losses(next((job.runs / "t").iterdir()))
+    assert sorted(losses) == list(range(MEGATRON_STEPS))
+    return losses, job.tmp / "ckpt"
+
+
 def test_megatron_tensor_parallel_killed_resumes_with_the_losses_of_a_run_never_stopped(
-    job: Job, tmp_path: Path
+    job: Job, tmp_path: Path, megatron_straight: tuple[dict[int, float], Path]
 ) -> None:
     """examples/megatron_gpt.py at tensor parallel 2 under the test harness's CPU shim: a rank killed after the
     first checkpoint; the job resumes from Megatron's dist_checkpointing files with every step's loss of a run
     never stopped."""
-    shimmed = REPO / "tests" / "workers" / "megatron_cpu.py"
-
-    def spec(name: str) -> Path:
-        return job.spec(
-            "name: t\nresources: {procs_per_node: 2, device: cpu}\n"
-            f'command: [python, "{shimmed}", --tp, "2", --steps, "16"]\n'
-            f"checkpoint: {{dir: '{tmp_path / name}', every_steps: 4}}\n"
-            "resilience: {max_restarts: 2, restart_backoff_s: 0}\n"
-        )
-
-    clean = job.run(spec("straight"), timeout=300)
-    assert clean.returncode == 0, clean.stdout[-3000:]
-    expected = _losses(next((job.runs / "t").iterdir()))
-    assert sorted(expected) == list(range(16))
-    sup, run = _launch(job, spec("killed"))
+    expected, _ = megatron_straight
+    sup, run = _launch(job, _megatron_spec(job, tmp_path / "killed"))
     os.kill(_when_attempt_progressed(sup, run, 0, 6, committed=True)[1], signal.SIGKILL)
     out, _ = sup.communicate(timeout=300)
     assert sup.returncode == 0, out[-4000:]
     assert "resumed from" in out, out[-3000:]
     assert _losses(run) == expected
-    assert CheckpointDir(tmp_path / "killed").manifest(16)["framework"] == "megatron"
+    assert CheckpointDir(tmp_path / "killed").manifest(MEGATRON_STEPS)["framework"] == "megatron"
+
+
+def test_megatron_checkpoint_imported_continues_in_the_recipe_and_exports(
+    job: Job, tmp_path: Path, megatron_straight: tuple[dict[int, float], Path]
+) -> None:
+    """`phalanx ckpt import` of the TP-2 run's checkpoint: the recipe continues it at FSDP 2 from its step, and
+    `phalanx ckpt export` gives transformers the logits of Megatron's own forward of the same checkpoint (built
+    at TP 1: dist_checkpointing reshards it)."""
+    import transformers
+
+    _, ckpt = megatron_straight
+    imported, hf, tokens = tmp_path / "imported", tmp_path / "hf", tmp_path / "tokens.pt"
+    said = _phalanx("ckpt", "import", str(ckpt), "--out", str(imported))
+    assert said.returncode == 0 and f"imported step {MEGATRON_STEPS} of" in said.stderr, said.stderr[-3000:]
+    assert "(megatron)" in said.stderr
+    _continues(job, imported, MEGATRON_STEPS)
+
+    said = _phalanx("ckpt", "export", str(imported), "--out", str(hf), "--step", str(MEGATRON_STEPS))
+    assert said.returncode == 0, said.stderr[-3000:]
+    torch.save(
+        torch.randint(0, PRESETS["llama-tiny"].vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)), tokens
+    )
+    logits = {**os.environ, "SCRIPT": str(REPO / "tests" / "workers" / "megatron_logits.py")}  # Megatron's forward
+    step_dir = CheckpointDir(ckpt).path(MEGATRON_STEPS)
+    argv = [sys.executable, str(SHIMMED), step_dir, str(tokens), str(tmp_path / "ref.pt")]
+    reference = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=logits)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    exported = transformers.LlamaForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(torch.load(tokens)).logits, torch.load(tmp_path / "ref.pt"), atol=1e-5, rtol=1e-5
+        )

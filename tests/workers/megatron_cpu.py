@@ -1,6 +1,6 @@
 """Test harness, never the example's: a CPU shim for Megatron-core, then examples/megatron_gpt.py run as it is.
-Megatron-core's RNG tracker, memory buffer and checkpoint writer call CUDA directly; these assignments point them at the CPU and its
-generator (no Megatron file is changed). ``SCRIPT`` names another script to run under the shim."""
+Megatron-core's RNG tracker, memory buffer and checkpoint writer call CUDA directly; these six assignments point
+them at the CPU and its generator (no Megatron file is changed). ``SCRIPT`` names another script to run under it."""
 
 import os
 import runpy

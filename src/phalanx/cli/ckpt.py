@@ -88,16 +88,16 @@ def ckpt_import(
     out: str = typer.Option(..., "--out", "-o", help="the checkpoint root to write in: a recipe job's checkpoint.dir"),
     preset: str | None = typer.Option(None, help="the model's preset, where the checkpoint's manifest records none"),
 ) -> None:
-    """Import a DeepSpeed checkpoint (any ZeRO stage) of a Llama-shaped model as a checkpoint of the built-in recipe:
-    its weights, AdamW's moments and its step, which the recipe continues from at any layout."""
-    from phalanx.checkpoint.convert import ConvertError, import_deepspeed
+    """Import a DeepSpeed (ZeRO 1-3) or Megatron (dist_checkpointing) checkpoint of a Llama-shaped model as one of the
+    built-in recipe: its weights, AdamW's moments and its step, which the recipe continues from at any layout."""
+    from phalanx.checkpoint.convert import ConvertError, import_checkpoint
 
     try:
-        step, where = import_deepspeed(source, out, preset, log=lambda line: err.print(line, highlight=False))
+        framework, step, where = import_checkpoint(source, out, preset, lambda line: err.print(line, highlight=False))
     except ConvertError as e:
         err.print(f"[bold red]cannot import[/]: {e}", highlight=False)
         raise typer.Exit(1) from None
-    err.print(f"imported step {step} of {source} to {where}", highlight=False)
+    err.print(f"imported step {step} of {source} ({framework}) to {where}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -25,10 +25,11 @@ SKIPPED = ("step",)  # AdamW's step count is one number, not a tensor shaped as 
 
 def step_loop(
     ctx: WorkerContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens_per_step: int,
-    flops_per_token: float | None = None, total_steps: int | None = None,
+    flops_per_token: float | None = None, total_steps: int | None = None, model_config: dict[str, Any] | None = None,
 ) -> StepLoop:  # fmt: skip
     """The loop of a Megatron ``model`` (one with ``sharded_state_dict()``) and its torch ``optimizer`` (Adam-like:
-    its state per parameter is tensors shaped as the parameter, and a step count)."""
+    its state per parameter is tensors shaped as the parameter, and a step count). ``model_config``: the
+    architecture, recorded in each checkpoint's manifest (a Llama's: `phalanx ckpt import` then reads it)."""
     from megatron.core import dist_checkpointing, parallel_state
 
     def sharded(step: int) -> dict[str, Any]:
@@ -64,5 +65,6 @@ def step_loop(
         optimizer.load_state_dict(state)
         return {}
 
-    about = {"framework": "megatron", "tensor_parallel": parallel_state.get_tensor_model_parallel_world_size()}
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    about = {"framework": "megatron", "tensor_parallel": tp, "model": model_config}
     return StepLoop(ctx, write, read, about, tokens_per_step, flops_per_token, total_steps)
