@@ -34,6 +34,7 @@ BENCHMARKS = (
     ("control_plane.py", "main"),  # starts its own servers: phalanx server, PostgreSQL
     ("cli_startup.py", "main"),  # against an earlier commit, in a git worktree
     ("node_loss.py", "main"),  # against an earlier commit, in a git worktree
+    ("frameworks.py", "main"),  # DeepSpeed's own launcher as the peer
 )
 TORCHTITAN_ON_CPU = (
     "torchtitan (in .venv-bench) is not run on this machine: its Trainer needs a CUDA device (it calls "
