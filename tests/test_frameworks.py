@@ -21,10 +21,12 @@ from phalanx.checkpoint import CheckpointDir
 from phalanx.obs.events import read_jsonl
 from phalanx.train.models.args import PRESETS
 from phalanx.train.models.llama import Llama
+from servers import PhalanxServer
+from test_platform import steps, wait_for
 from test_resilience import _launch, _when_attempt_progressed
 
 EXAMPLE = REPO / "examples" / "deepspeed_zero.py"
-STEPS, EVERY = 40, 4
+STEPS, EVERY = 24, 4
 Straight = Callable[[int], tuple[dict[int, float], Path]]  # a ZeRO stage's clean run: its losses, its checkpoints
 
 
@@ -70,7 +72,7 @@ def test_deepspeed_killed_resumes_with_the_losses_of_a_run_never_stopped(
     expected, _ = straight(zero)
     sup, run = _launch(job, _spec(job, tmp_path / "killed", zero))
     rng = random.Random(zero)
-    pids = _when_attempt_progressed(sup, run, 0, rng.randint(EVERY + 1, STEPS - 10), committed=True)
+    pids = _when_attempt_progressed(sup, run, 0, rng.randint(EVERY + 1, STEPS - 8), committed=True)
     done = max(m["step"] for m in read_jsonl(run / "metrics.jsonl")) + 1
     os.kill(pids[rng.randint(0, 1)], signal.SIGKILL)
     out, _ = sup.communicate(timeout=300)
@@ -106,6 +108,25 @@ def test_deepspeed_sigterm_commits_an_emergency_checkpoint(job: Job, tmp_path: P
     checkpoints = CheckpointDir(tmp_path / "stopped")
     assert checkpoints.latest_valid() == stopped["step"] > 6
     assert checkpoints.manifest(stopped["step"])["framework"] == "deepspeed"
+
+
+def test_deepspeed_job_through_the_server_is_cancelled_with_a_checkpoint_and_resumed(server: PhalanxServer) -> None:
+    """The platform runs a DeepSpeed job as any job: submitted to `phalanx server` and cancelled mid-run, it saves
+    first (the server lists that checkpoint, valid); resumed, it goes on from it to the end, each step once."""
+    client = server.member("ml", 2, "erin")
+    spec = (
+        "name: ds\nresources: {procs_per_node: 2, device: cpu}\n"
+        f'command: [python, "{EXAMPLE}", --zero, "2", --steps, "300"]\ncheckpoint: {{every_steps: 1000}}\n'
+    )
+    job_id = client.submit(spec)["id"]
+    wait_for(client, job_id, steps=5)
+    client.cancel(job_id)
+    done = wait_for(client, job_id, {"CANCELLED"})
+    (saved,) = client.checkpoints(job_id)  # the emergency save, the only one
+    assert saved["problem"] is None and saved["step"] == done["steps_done"] < 300
+    again = wait_for(client, client.submit(None, resume_from=job_id)["id"], {"SUCCEEDED"})
+    assert again["resumed_from"] == job_id
+    assert [s for _, s in steps(client, again["id"])] == list(range(saved["step"], 300))
 
 
 def _phalanx(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -90,7 +90,7 @@ def ckpt_import(
 ) -> None:
     """Import a DeepSpeed (ZeRO 1-3) or Megatron (dist_checkpointing) checkpoint of a Llama-shaped model as one of the
     built-in recipe: its weights, AdamW's moments and its step, which the recipe continues from at any layout."""
-    from phalanx.checkpoint.convert import ConvertError, import_checkpoint
+    from phalanx.train.convert import ConvertError, import_checkpoint
 
     try:
         framework, step, where = import_checkpoint(source, out, preset, lambda line: err.print(line, highlight=False))

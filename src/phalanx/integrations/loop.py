@@ -29,11 +29,10 @@ class StepLoop:
         """``write``/``read``: the framework's own save and load of a step's checkpoint; ``tokens_per_step``: the
         global batch's tokens; ``flops_per_token`` (forward and backward), where known, gives MFU."""
         policy = ctx.spec.checkpoint if ctx.spec is not None else Checkpoint()
-        if ctx.run_dir is None and policy.dir is None:
-            raise ValueError("outside phalanx, give the checkpoints a place: a spec's checkpoint.dir")
-        root = policy.dir or str(ctx.run_dir.checkpoints)  # type: ignore[union-attr]
-        self.ctx, self.write, self.read = ctx, write, read
-        self.every = policy.every_steps if isinstance(policy.every_steps, int) else 100
+        if policy.every_steps == "auto":  # the recipe times its own saves for it
+            raise ValueError("checkpoint.every_steps: auto is the built-in recipe's; give a framework's job a number")
+        root = ctx.checkpoint_location() if ctx.spec is not None else "checkpoints"  # plain `python`: ./checkpoints
+        self.ctx, self.write, self.read, self.every = ctx, write, read, policy.every_steps
         self.checkpoints = FrameworkCheckpoints(root, policy, about, log=self._say, event=ctx.event)
         self.tokens_per_step, self.flops_per_token, self.total_steps = tokens_per_step, flops_per_token, total_steps
         precision = ctx.spec.train.precision if ctx.spec is not None and ctx.spec.train is not None else "bf16"
@@ -58,7 +57,7 @@ class StepLoop:
         rank's: every rank learns it here) checkpoint and exit as a process stopped by SIGTERM does."""
         now = time.perf_counter()
         took = now - self._last_end if self._last_end is not None else None
-        stop = torch.tensor(float(self.stop_asked_at is not None))
+        stop = torch.tensor(float(self.stop_asked_at is not None), device=self.ctx.device)  # NCCL: on the device
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         report: dict[str, Any] = {"loss": loss, "checkpoint_s": self._checkpoint_s, **figures}
         if took is not None:
