@@ -21,12 +21,11 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from _report import Report, spread
-from recovery import THREADS, RoundLost, _drive, _steps
+from recovery import THREADS, _drive, drive_phalanx, take_turns
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import free_port
@@ -48,20 +47,7 @@ def run_phalanx(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tup
         f"checkpoint: {{dir: '{work / 'ckpt'}', every_steps: {args.every}, keep_last: 2}}\n"
         "resilience: {max_restarts: 10, restart_backoff_s: 0}\n"
     )
-    runs = work / "runs"
-    started = time.time()
-    argv = [sys.executable, "-m", "phalanx", "run", str(spec), "--runs-dir", str(runs)]
-    env = {**os.environ, "OMP_NUM_THREADS": THREADS}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    while not (runs / "bench").is_dir() or not list((runs / "bench").iterdir()):
-        time.sleep(0.01)
-    (run,) = (runs / "bench").iterdir()
-
-    def pid_of_rank1() -> int:
-        return int([e for e in _steps(run / "events.jsonl") if e["kind"] == "attempt_started"][-1]["pids"]["1"])
-
-    recoveries = _drive(proc, run / "metrics.jsonl", pid_of_rank1, kill_at)
-    return time.time() - started, recoveries
+    return drive_phalanx(spec, work, kill_at)
 
 
 def run_deepspeed(work: Path, args: argparse.Namespace, kill_at: list[int]) -> tuple[float, list[float]]:
@@ -89,20 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     kill_at = [int(s) for s in args.kill_at.split(",")]
     sides = {PHALANX: run_phalanx, DEEPSPEED: run_deepspeed}
-    results: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in sides}
-    lost: list[str] = []
-    for r in range(args.repeats):
-        for name, side in sides.items():
-            with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
-                try:
-                    clean_s, _ = side(Path(clean), args, [])
-                    faulty_s, recoveries = side(Path(faulty), args, kill_at)
-                except RoundLost as e:
-                    lost.append(f"{name}, round {r + 1}: {e}")
-                    print(f"  {name}: {e}", flush=True)
-                    continue
-            results[name].append((clean_s, faulty_s, recoveries))
-            print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
+    taken, lost = take_turns(sides, args, kill_at)
+    results = {name: [r for r in rounds if r is not None] for name, rounds in taken.items()}
     import deepspeed
     import torch
 

@@ -92,6 +92,32 @@ def _drive(proc: subprocess.Popen, steps_file: Path, pid_of_rank1, kill_at: list
     return recoveries
 
 
+Round = tuple[float, float, list[float]]  # a side's clean seconds, its faulty seconds, its kill-to-next-step seconds
+
+
+def take_turns(
+    sides: dict, args: argparse.Namespace, kill_at: list[int]
+) -> tuple[dict[str, list[Round | None]], list[str]]:
+    """Each side runs the job clean, then with ``kill_at``'s kills, taking turns for ``args.repeats`` rounds: per
+    side one entry per round (None where a run stalled or failed), and what each lost round said."""
+    results: dict[str, list[Round | None]] = {name: [] for name in sides}
+    lost: list[str] = []
+    for r in range(args.repeats):
+        for name, side in sides.items():
+            with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
+                try:
+                    clean_s, _ = side(Path(clean), args, [])
+                    faulty_s, recoveries = side(Path(faulty), args, kill_at)
+                except RoundLost as e:
+                    lost.append(f"{name}, round {r + 1}: {e}")
+                    results[name].append(None)
+                    print(f"  {name}: {e}", flush=True)
+                    continue
+            results[name].append((clean_s, faulty_s, recoveries))
+            print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
+    return results, lost
+
+
 def run_phalanx(
     work: Path, args: argparse.Namespace, kill_at: list[int], in_process: bool = False
 ) -> tuple[float, list[float]]:
@@ -102,6 +128,12 @@ def run_phalanx(
         "resilience: {max_restarts: 10, restart_backoff_s: 0, stop_grace_s: 5"
         + (f", in_process: true, memory_every_steps: {args.memory_every}}}\n" if in_process else "}\n")
     )
+    return drive_phalanx(spec, work, kill_at)
+
+
+def drive_phalanx(spec: Path, work: Path, kill_at: list[int]) -> tuple[float, list[float]]:
+    """`phalanx run` of ``spec`` (a job named bench) with its runs under ``work``, its rank 1 killed at each of
+    ``kill_at``'s steps (``_drive``): its wall seconds and the seconds from each kill to the next step."""
     runs = work / "runs"
     started = time.time()
     cmd = [sys.executable, "-m", "phalanx", "run", str(spec), "--runs-dir", str(runs)]
@@ -327,22 +359,7 @@ def main() -> None:
         sides["torchft (2 replica groups, live healing)"] = run_torchft
     else:
         missing.append(f"torchft: {args.torchft_python} has no torchft (`make bench-env` installs it)")
-    # Per side, one entry per round: (clean s, faulty s, recoveries), or None if a run stalled or failed.
-    results: dict[str, list[tuple[float, float, list[float]] | None]] = {name: [] for name in sides}
-    lost: list[str] = []
-    for r in range(args.repeats):
-        for name, side in sides.items():
-            with tempfile.TemporaryDirectory() as clean, tempfile.TemporaryDirectory() as faulty:
-                try:
-                    clean_s, _ = side(Path(clean), args, [])
-                    faulty_s, recoveries = side(Path(faulty), args, kill_at)
-                except RoundLost as e:
-                    lost.append(f"{name}, round {r + 1}: {e}")
-                    results[name].append(None)
-                    print(f"  {name}: {e}", flush=True)
-                    continue
-            results[name].append((clean_s, faulty_s, recoveries))
-            print(f"  {name}: clean {clean_s:.1f} s, faulty {faulty_s:.1f} s, recoveries {recoveries}", flush=True)
+    results, lost = take_turns(sides, args, kill_at)
     import torch
 
     report = Report(

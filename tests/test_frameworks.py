@@ -129,6 +129,12 @@ def test_deepspeed_job_through_the_server_is_cancelled_with_a_checkpoint_and_res
     assert [s for _, s in steps(client, again["id"])] == list(range(saved["step"], 300))
 
 
+def test_importing_what_is_no_checkpoint_says_what_was_looked_for(tmp_path: Path) -> None:
+    said = _phalanx("ckpt", "import", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert said.returncode == 1 and "no DeepSpeed (*model_states.pt) or Megatron" in said.stderr, said.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def _phalanx(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "phalanx", *argv], capture_output=True, text=True, timeout=300)
 

@@ -82,8 +82,8 @@ def ckpt_export(
 def ckpt_import(
     source: Path = typer.Argument(
         ...,
-        help="a DeepSpeed checkpoint: its step directory, a directory or run directory of them (the newest "
-        "valid one), or a directory DeepSpeed wrote by itself",
+        help="a DeepSpeed or Megatron checkpoint: its step directory, a directory or run directory of them (the "
+        "newest valid one), or a directory the framework wrote by itself",
     ),
     out: str = typer.Option(..., "--out", "-o", help="the checkpoint root to write in: a recipe job's checkpoint.dir"),
     preset: str | None = typer.Option(None, help="the model's preset, where the checkpoint's manifest records none"),

@@ -199,10 +199,14 @@ def import_checkpoint(
     found = find(source)
     recorded, cfg = model_config(found, preset)
     model = Llama(cfg)
-    if found.framework == "deepspeed":
-        step, hyper, per_name = read_deepspeed(found.path, model)
-    else:
-        step, hyper, per_name = read_megatron(found.path, model, cfg)
+    try:
+        if found.framework == "deepspeed":
+            step, hyper, per_name = read_deepspeed(found.path, model)
+        else:
+            step, hyper, per_name = read_megatron(found.path, model, cfg)
+    except RuntimeError as e:  # a tensor that does not take the model's shape: another model's checkpoint
+        model_name = recorded.get("preset", "given")
+        raise ConvertError(f"{found.path} does not fit the {model_name} model ({e}); is it its checkpoint?") from None
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(per_name[name]["fp32"])
