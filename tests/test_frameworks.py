@@ -63,7 +63,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Straight:
     return run
 
 
-@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("zero", [1, 3])  # ZeRO-2's kill is the next test's, inside a save
 def test_deepspeed_killed_resumes_with_the_losses_of_a_run_never_stopped(
     job: Job, tmp_path: Path, straight: Straight, zero: int
 ) -> None:
@@ -83,7 +83,7 @@ def test_deepspeed_killed_resumes_with_the_losses_of_a_run_never_stopped(
 
 
 def test_deepspeed_kill_inside_a_save_skips_the_torn_checkpoint(job: Job, tmp_path: Path, straight: Straight) -> None:
-    """Rank 1 dies inside the save of step 8 (after writing a file of it): that checkpoint is never committed,
+    """ZeRO-2, rank 1 killed inside the save of step 8 (after writing a file of it): that checkpoint is never committed,
     the restart says it skips it and resumes at step 4, and nothing is lost: the losses equal a clean run's."""
     expected, _ = straight(2)
     spec = _spec(job, tmp_path / "torn", 2, script=REPO / "tests" / "workers" / "deepspeed_torn.py")
@@ -155,8 +155,8 @@ def _continues(job: Job, imported: Path, step: int) -> None:
 def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
     job: Job, tmp_path: Path, straight: Straight, zero: int
 ) -> None:
-    """`phalanx ckpt import` of the clean run's checkpoint: the recipe continues it at FSDP 2 from its step, and
-    `phalanx ckpt export` gives transformers the logits of DeepSpeed's own consolidation of the same checkpoint."""
+    """`phalanx ckpt import` of the clean run's checkpoint: the recipe continues it at FSDP 2 from its step (ZeRO-3's),
+    and `phalanx ckpt export` gives transformers the logits of DeepSpeed's own consolidation of the same checkpoint."""
     import transformers
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -167,7 +167,8 @@ def test_deepspeed_checkpoint_imported_continues_in_the_recipe_and_exports(
         said.stderr[-3000:]
     )
 
-    _continues(job, imported, STEPS)
+    if zero == 3:  # the layout change is the same whatever the stage: once is enough
+        _continues(job, imported, STEPS)
 
     said = _phalanx("ckpt", "export", str(imported), "--out", str(hf), "--step", str(STEPS))
     assert said.returncode == 0, said.stderr[-3000:]
