@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Job, alive, unavailable, wait_gone
+from phalanx.checkpoint import CheckpointDir
 from phalanx.control.executors import Phase
 from phalanx.control.executors.slurm import SlurmExecutor, job_info, render
 from phalanx.obs import read_jsonl
@@ -377,6 +378,28 @@ def test_the_server_runs_jobs_on_slurm_and_cancel_is_scancel(slurm: SlurmCluster
         assert saved == [(stopped["step"], None)] and stopped["step"] >= 6  # checkpointed on the way out
     finally:
         server.stop()
+
+
+def test_a_deepspeed_job_on_slurm_trains_as_with_local_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The DeepSpeed example on two Slurm nodes (`phalanx slurm submit`), as any job: it completes, its
+    checkpoints are committed by phalanx, and its losses are those of the same spec on --local-nodes."""
+    example = REPO / "examples" / "deepspeed_zero.py"
+    spec = (
+        "name: ds\nresources: {nodes: 2, procs_per_node: 1, device: cpu}\n"
+        f'command: [python, "{example}", --zero, "3", --steps, "12"]\ncheckpoint: {{every_steps: 4}}\n'
+    )
+    (tmp_path / "local").mkdir()
+    local = Job(tmp_path / "local")
+    argv = [*local.argv(local.spec(spec)), "--local-nodes"]
+    subprocess.run(argv, check=True, capture_output=True, cwd=REPO, timeout=300)
+    (expected,) = [_losses(run) for run in (local.runs / "ds").iterdir()]
+    job_id, where = _submit(slurm, tmp_path / "slurm", spec)
+    _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert _info(slurm, job_id).state == "COMPLETED", (where / f"slurm-{job_id}.out").read_text()[-3000:]
+    (run,) = _runs(tmp_path / "slurm", "ds")
+    assert _losses(run) == expected and sorted(expected) == list(range(12))
+    kept = parse_spec((run / "spec.yaml").read_text()).checkpoint.dir  # the submission's, which a requeue keeps
+    assert CheckpointDir(kept).manifest(12)["framework"] == "deepspeed"
 
 
 @pytest.mark.parametrize("backend", ["local", "local-nodes", "slurm"])
