@@ -5,18 +5,14 @@ source files on this machine, byte-tokenized: real text that every machine has."
 from __future__ import annotations
 
 import fcntl
-import os
 import sysconfig
 from pathlib import Path
 
-from phalanx.data.shards import INDEX
+from phalanx.data.cache import cache_root
+from phalanx.data.shards import INDEX, is_url
 
 PREFIX = "builtin:"
 BUILTINS = ("stdlib",)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PHALANX_CACHE", Path.home() / ".cache" / "phalanx"))
 
 
 def stdlib_sources() -> list[Path]:
@@ -26,11 +22,11 @@ def stdlib_sources() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
 
 
-def resolve(path: str) -> Path:
-    """The directory of a dataset path; a built-in one is prepared first if needed (once, under a file lock,
-    so every rank may call this)."""
+def resolve(path: str) -> str | Path:
+    """The directory (or URL) of a dataset path; a built-in one is prepared first if needed (once, under a file
+    lock, so every rank may call this)."""
     if not path.startswith(PREFIX):
-        return Path(path)
+        return path if is_url(path) else Path(path)
     name = path.removeprefix(PREFIX)
     if name not in BUILTINS:
         raise ValueError(

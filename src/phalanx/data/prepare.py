@@ -1,24 +1,29 @@
 """``phalanx data prepare``: tokenize documents into shards, resumable if interrupted.
 
 Shards hold whole documents, each followed by the EOS id, and are flushed once they pass ``shard_tokens``.
-A shard is written to a temporary name, fsynced and renamed; then ``.prepare-state.json`` records it and how
-many documents it used. A rerun with the same arguments skips those documents and continues; the index is
-written (atomically) last.
+A shard is written whole (locally: to a temporary name, fsynced and renamed; in object storage: one PUT); then
+``.prepare-state.json`` records it and how many documents it used. A rerun with the same arguments skips
+those documents and continues; the index is written (atomically) last. ``out`` is a directory or an fsspec URL
+(``s3://bucket/prefix``), written directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from phalanx.data.documents import documents, input_files
-from phalanx.data.shards import FORMAT, INDEX, TokenDataset, token_dtype
-from phalanx.data.tokenize import resolve_tokenizer
+from phalanx.data.remote import open_dataset
+from phalanx.data.shards import CHUNK_BYTES, FORMAT, INDEX, TokenDataset, chunk_digests, token_dtype
+from phalanx.data.tokenize import TOKENIZER_FILE, resolve_tokenizer
 from phalanx.storage import write_atomic
 
 STATE = ".prepare-state.json"
@@ -34,8 +39,11 @@ def prepare(
     dtype: str | None = None,
     progress: bool = True,
     batch_docs: int = 256,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> TokenDataset:
-    out = Path(out)
+    if chunk_bytes <= 0 or chunk_bytes % 4:
+        raise ValueError(f"--chunk-bytes {chunk_bytes}: must be a positive multiple of 4")
+    fs, root = url_to_fs(str(out))
     files = input_files(sources)
     args = {
         "files": [str(f.absolute()) for f in files],
@@ -44,23 +52,33 @@ def prepare(
         "shard_tokens": shard_tokens,
         "eos_token": eos_token,
         "dtype": dtype,
+        **({"chunk_bytes": chunk_bytes} if chunk_bytes != CHUNK_BYTES else {}),  # the default: as before it was one
     }
     args_hash = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
-    if (out / INDEX).exists():
-        prepared = json.loads((out / INDEX).read_text())
+    if fs.exists(f"{root}/{INDEX}"):
+        prepared = json.loads(fs.cat_file(f"{root}/{INDEX}"))
         if prepared.get("args_hash") != args_hash:
             raise ValueError(
                 f"{out} already holds a dataset prepared from other inputs or settings; "
                 "choose another --out or delete it"
             )
-        return TokenDataset(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = json.loads((out / STATE).read_text()) if (out / STATE).exists() else None
+        return open_dataset(out)
+    fs.makedirs(root, exist_ok=True)
+    state = json.loads(fs.cat_file(f"{root}/{STATE}")) if fs.exists(f"{root}/{STATE}") else None
     if state is not None and state["args_hash"] != args_hash:
         raise ValueError(f"{out} holds an unfinished prepare of other inputs or settings; delete it to start over")
     state = state or {"args_hash": args_hash, "docs_done": 0, "shards": []}
 
-    tok = resolve_tokenizer(tokenizer, out, (d for f in files for d in documents(f, field)), eos_token)
+    corpus = (d for f in files for d in documents(f, field))
+    if isinstance(fs, LocalFileSystem):
+        tok = resolve_tokenizer(tokenizer, Path(root), corpus, eos_token)
+    else:  # the tokenizer is made (or, on a rerun, found) in a local directory and uploaded
+        with tempfile.TemporaryDirectory() as local:
+            if fs.exists(remote := f"{root}/{TOKENIZER_FILE}"):
+                fs.get_file(remote, f"{local}/{TOKENIZER_FILE}")
+            tok = resolve_tokenizer(tokenizer, Path(local), corpus, eos_token)
+            if Path(made := f"{local}/{TOKENIZER_FILE}").exists():
+                fs.put_file(made, remote)
     np_dtype = token_dtype(tok.vocab_size)
     if dtype is not None:
         np_dtype = np.dtype(dtype).newbyteorder("<")
@@ -74,10 +92,17 @@ def prepare(
         tokens = np.concatenate(buffer).astype(np_dtype)
         name = f"shard-{len(state['shards']):05d}.bin"
         data = tokens.tobytes()
-        write_atomic(out / name, data)
-        state["shards"].append({"file": name, "tokens": int(tokens.size), "sha256": hashlib.sha256(data).hexdigest()})
+        write_atomic(f"{root}/{name}", data, fs)
+        state["shards"].append(
+            {
+                "file": name,
+                "tokens": int(tokens.size),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "chunks": chunk_digests(data, chunk_bytes),
+            }
+        )
         state["docs_done"] = docs_done
-        write_atomic(out / STATE, json.dumps(state).encode())
+        write_atomic(f"{root}/{STATE}", json.dumps(state).encode(), fs)
 
     buffer: list[np.ndarray] = []
     buffered, docs_seen = 0, state["docs_done"]
@@ -112,11 +137,13 @@ def prepare(
         "sources": args["files"],
         "documents": state["docs_done"],
         "total_tokens": sum(s["tokens"] for s in state["shards"]),
+        "chunk_bytes": chunk_bytes,
+        "chunk_digest": "xxh3_128",
         "shards": state["shards"],
     }
-    write_atomic(out / INDEX, json.dumps(index, indent=1).encode())
-    (out / STATE).unlink()
-    return TokenDataset(out)
+    write_atomic(f"{root}/{INDEX}", json.dumps(index, indent=1).encode(), fs)
+    fs.rm_file(f"{root}/{STATE}")
+    return open_dataset(out)
 
 
 def _batches(files: list[Path], field: str, skip: int, size: int, bar: Progress, task) -> Iterator[list[str]]:

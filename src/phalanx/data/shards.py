@@ -6,6 +6,10 @@
                             documents joined with the EOS id; read through np.memmap
     DIR/tokenizer.json      the tokenizer, when it is not byte-level
 
+The index also holds, per shard, the xxh3_128 checksum of each ``chunk_bytes`` piece of it (``chunks``), so that
+a dataset in object storage can be fetched and checked a chunk at a time (``data/remote.py``). DIR is a local
+directory or an fsspec URL (``s3://bucket/prefix``).
+
 Samples are fixed-length windows over the whole token stream: sample i is tokens
 [i·seq_len, i·seq_len + seq_len + 1) (inputs and the targets shifted by one), across shard boundaries.
 """
@@ -15,15 +19,27 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from phalanx.storage import file_digest
 
 FORMAT = "phalanx-tokens-v1"
 INDEX = "index.json"
+CHUNK_BYTES = 1 << 18  # 256 KiB: a batch's first fetch stays small, and a GET still moves far more than it waits
+
+
+def is_url(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def chunk_digests(data: bytes, chunk_bytes: int) -> list[str]:
+    """The xxh3_128 checksum of each ``chunk_bytes`` piece of a shard's bytes, as the index records them."""
+    view = memoryview(data)
+    return [xxhash.xxh3_128_hexdigest(view[i : i + chunk_bytes]) for i in range(0, max(1, len(data)), chunk_bytes)]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -43,6 +59,7 @@ class Shard:
     file: str
     tokens: int
     sha256: str
+    chunks: tuple[str, ...] | None = None  # xxh3_128 of each chunk_bytes piece, where the index records them
 
 
 class _ShardEntry(BaseModel):
@@ -50,6 +67,7 @@ class _ShardEntry(BaseModel):
     file: Annotated[str, Field(pattern=r"^[^/\x00]{1,255}$")]  # a file of the dataset's own directory
     tokens: NonNegativeInt
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    chunks: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] | None = None
 
 
 class _Index(BaseModel):
@@ -61,13 +79,27 @@ class _Index(BaseModel):
     vocab_size: PositiveInt
     eos_id: NonNegativeInt
     shards: list[_ShardEntry]
+    chunk_bytes: Annotated[int, Field(gt=0, multiple_of=4)] | None = None
+    chunk_digest: Literal["xxh3_128"] = "xxh3_128"
+
+    @model_validator(mode="after")
+    def _chunks_cover_shards(self) -> _Index:
+        width = 2 if self.dtype == "<u2" else 4
+        for i, shard in enumerate(self.shards):
+            if shard.chunks is None:
+                continue
+            if self.chunk_bytes is None:
+                raise ValueError(f"shards.{i}.chunks without chunk_bytes")
+            if len(shard.chunks) != max(1, -(-shard.tokens * width // self.chunk_bytes)):
+                raise ValueError(f"shards.{i}.chunks: {len(shard.chunks)} checksums for {shard.tokens} tokens")
+        return self
 
 
-def read_index(path: Path) -> dict[str, Any]:
-    """index.json, checked: a DatasetError naming the file and the first fields that are wrong, never a
-    KeyError or a traceback from a hand-edited or foreign file."""
+def read_index(path: str | Path, data: bytes | None = None) -> dict[str, Any]:
+    """index.json (read from ``path``, or given as ``data``), checked: a DatasetError naming the file and the
+    first fields that are wrong, never a KeyError or a traceback from a hand-edited or foreign file."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(Path(path).read_bytes() if data is None else data)
         _Index.model_validate(data)
     except (OSError, ValueError) as e:
         if isinstance(e, ValidationError):
@@ -79,8 +111,11 @@ def read_index(path: Path) -> dict[str, Any]:
 
 
 class TokenDataset:
+    """A prepared dataset in a local directory, memory-mapped; or, made by ``over``, one whose shards another
+    reader gives (``data/remote.py``: a dataset in object storage, read in checked chunks)."""
+
     def __init__(self, root: str | Path, verify: Literal["full", "size"] = "full"):
-        self.root = Path(root)
+        self.root: str | Path = Path(root)
         index_path = self.root / INDEX
         try:
             found = index_path.is_file()
@@ -91,13 +126,23 @@ class TokenDataset:
                 f"{index_path}: not found; {self.root} is not a prepared dataset, or its "
                 "`phalanx data prepare` did not finish (run it again to resume)"
             )
-        index = read_index(index_path)
-        self.index = index
+        self.index = read_index(index_path)
+        self.shards = shards_of(self.index)
+        self._describe(self.index)
+        self.reader: ShardReader = LocalShards([self._open(s, verify) for s in self.shards])
+
+    @classmethod
+    def over(cls, root: str, index: dict[str, Any], reader: ShardReader) -> TokenDataset:
+        """The dataset at ``root`` whose shards ``reader`` reads."""
+        dataset = cls.__new__(cls)
+        dataset.root, dataset.index, dataset.shards, dataset.reader = root, index, shards_of(index), reader
+        dataset._describe(index)
+        return dataset
+
+    def _describe(self, index: dict[str, Any]) -> None:
         self.dtype = np.dtype(index["dtype"])
         self.vocab_size: int = index["vocab_size"]
         self.eos_id: int = index["eos_id"]
-        self.shards = [Shard(**s) for s in index["shards"]]
-        self._maps = [self._open(s, verify) for s in self.shards]
         self.offsets = np.cumsum([0] + [s.tokens for s in self.shards])
         self.total_tokens = int(self.offsets[-1])
 
@@ -131,7 +176,7 @@ class TokenDataset:
         window = np.arange(seq_len + 1)
         for shard in np.unique(shard_of[inside]):
             rows = np.flatnonzero(inside & (shard_of == shard))
-            out[rows] = self._maps[shard][(starts[rows] - self.offsets[shard])[:, None] + window]
+            out[rows] = self.reader.take(int(shard), (starts[rows] - self.offsets[shard])[:, None] + window)
         for row in np.flatnonzero(~inside):
             out[row] = self.sample(int(indices[row]), seq_len)
         return out
@@ -144,10 +189,47 @@ class TokenDataset:
         while start < stop:
             local = start - self.offsets[shard]
             take = min(stop - start, self.shards[shard].tokens - local)
-            parts.append(self._maps[shard][local : local + take])
+            parts.append(self.reader.take(shard, np.arange(local, local + take)))
             start += take
             shard += 1
         return np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])
+
+    def chunks(self, indices: np.ndarray, seq_len: int) -> np.ndarray:
+        """The ids of the chunks that samples ``indices`` lie in (a remote dataset's unit of fetching)."""
+        first = np.asarray(indices, dtype=np.int64) * seq_len
+        ends = [self._chunk_of(first), self._chunk_of(first + seq_len)]  # chunk ids rise with the position
+        spans = ends[1] - ends[0] + 1
+        within = np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans)  # 0, 1, .. in each span
+        return np.unique(np.repeat(ends[0], spans) + within)
+
+    def _chunk_of(self, positions: np.ndarray) -> np.ndarray:
+        shard = np.searchsorted(self.offsets, positions, side="right") - 1
+        return self.reader.chunk_ids(shard, positions - self.offsets[shard])
+
+
+def shards_of(index: dict[str, Any]) -> list[Shard]:
+    return [Shard(**{**s, "chunks": tuple(s["chunks"]) if s.get("chunks") else None}) for s in index["shards"]]
+
+
+class ShardReader(Protocol):
+    """Where a dataset's tokens come from: local memory maps, or a remote store's chunks (``RemoteShards``)."""
+
+    def take(self, shard: int, positions: np.ndarray) -> np.ndarray: ...
+
+    def chunk_ids(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray: ...
+
+
+class LocalShards:
+    """A local dataset's shards, memory-mapped: the page cache is its cache, and a shard is its one chunk."""
+
+    def __init__(self, maps: list[np.memmap]):
+        self.maps = maps
+
+    def take(self, shard: int, positions: np.ndarray) -> np.ndarray:
+        return self.maps[shard][positions]
+
+    def chunk_ids(self, shard: np.ndarray, local: np.ndarray) -> np.ndarray:
+        return shard
 
 
 def too_short(dataset: TokenDataset, seq_len: int) -> str | None:

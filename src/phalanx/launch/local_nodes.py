@@ -1,7 +1,8 @@
 """`phalanx run JOB.yaml --local-nodes`: every node of a multi-node job on this machine, to try the real
 multi-node path without a cluster. One `phalanx agent` process per node and per spare, node n on its own
 loopback address 127.0.0.(n + 2), node 0 hosting the rendezvous; they share this machine's filesystem, as
-nodes of a cluster share theirs.
+nodes of a cluster share theirs, but each has its own data cache (``PHALANX_DATA_CACHE``), as each node of a
+cluster has its own local disk.
 
 The agents run in sessions of their own, so a Ctrl-C at the terminal reaches this process alone, which hands
 it to node 0 once (node 0 stops the job on every node); and each dies with this process. Nothing here waits
@@ -39,8 +40,11 @@ def free_port(addr: str) -> int:
 
 def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
     """Run the job's agents here; the job's exit code (node 0's, or a survivor's if node 0 died)."""
+    from phalanx.data.remote import default_cache_dir
+
     count = spec.resources.nodes + spec.resources.spare_nodes
     rdzv = f"{local_addr(0)}:{free_port(local_addr(0))}"
+    data_cache = default_cache_dir(spec.data.cache_dir if spec.data else None)
     # What a cluster manager is told by an agent that found node 0 lost: here, this process, by a signal.
     node0_lost = f"kill -USR1 {os.getpid()}"
     agents = [
@@ -51,6 +55,7 @@ def run_local_nodes(job: Path, spec: JobSpec, runs_dir: Path) -> int:
             ],
             start_new_session=True,
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            env={**os.environ, "PHALANX_DATA_CACHE": str(data_cache / f"local-node-{node}")},
         )
         for node in range(count)
     ]  # fmt: skip

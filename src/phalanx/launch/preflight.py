@@ -43,7 +43,8 @@ def _command_issue(head: str, cwd: str | None) -> SpecIssue | None:
 def _data_issues(spec: JobSpec, vocab_size: int, cwd: str | None) -> list[SpecIssue]:
     """Open each prepared dataset's index (not its shards' checksums: the workers do that) and check it fits."""
     from phalanx.data.builtin import PREFIX
-    from phalanx.data.shards import DatasetError, TokenDataset, too_short
+    from phalanx.data.remote import open_dataset
+    from phalanx.data.shards import DatasetError, is_url, too_short
     from phalanx.train.recipe import vocabulary_issue
 
     if spec.data is None or spec.train is None:
@@ -54,7 +55,7 @@ def _data_issues(spec: JobSpec, vocab_size: int, cwd: str | None) -> list[SpecIs
             continue  # built-in: prepared by the workers on first use
         field = f"data.sources.{i}.path"
         try:
-            ds = TokenDataset(os.path.join(cwd or "", source.path), verify="size")
+            ds = open_dataset(source.path if is_url(source.path) else os.path.join(cwd or "", source.path), "size")
         except DatasetError as e:
             issues.append(SpecIssue(field, str(e)))
             continue

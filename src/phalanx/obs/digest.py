@@ -46,6 +46,16 @@ class RunDigest:
     resumptions: tuple[Resumption, ...]  # each restart, in order
     emergency_saves: tuple[tuple[float, int], ...]  # (when, step) of each checkpoint a stop from outside saved
     first_step: int | None  # the first step record's: the steps done before the run began training
+    data: DataFetched | None  # what rank 0 fetched from object storage; None where it read none
+
+
+@dataclass(frozen=True)
+class DataFetched:
+    """Rank 0's fetching of a dataset in object storage, over the run."""
+
+    fetched_bytes: float
+    wait_s: float  # the loader's time waiting for chunks to arrive
+    hit_rate: float  # the last step's: of the chunks its look-ahead needed, the share the node already held
 
     @property
     def restart_count(self) -> int:
@@ -100,6 +110,18 @@ def _read(run: RunDir) -> RunDigest | None:
             (e["ts"], e["step"]) for e in events if e["kind"] == Event.PREEMPTED and isinstance(e.get("step"), int)
         ),
         first_step=stepped[0]["step"] if stepped else None,
+        data=_fetched(stepped),
+    )
+
+
+def _fetched(stepped: list[dict]) -> DataFetched | None:
+    fetching = [m for m in stepped if _number(m, "data_cache_hit_rate") is not None]
+    if not fetching:
+        return None
+    return DataFetched(
+        fetched_bytes=sum(_number(m, "data_fetched_bytes") or 0.0 for m in fetching),
+        wait_s=sum(_number(m, "data_fetch_wait_s") or 0.0 for m in fetching),
+        hit_rate=_number(fetching[-1], "data_cache_hit_rate") or 0.0,
     )
 
 

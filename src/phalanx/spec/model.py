@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import ByteSize, Field, PositiveFloat, PositiveInt, WithJsonSchema, model_validator
 
-from phalanx.spec.base import Name, Strict
+from phalanx.spec.base import Location, Name, Strict
 from phalanx.spec.clusters import Kubernetes, Slurm
 from phalanx.spec.parallel import Parallel, pipeline_issues
 
@@ -118,7 +118,10 @@ class Train(Strict):
 
 
 class DataSource(Strict):
-    path: str = Field(description="a prepared dataset directory (`phalanx data prepare`), or builtin:stdlib")
+    path: Location = Field(
+        description="a prepared dataset (`phalanx data prepare`): a directory, an fsspec URL (s3://bucket/prefix, "
+        "read through the node's cache), or builtin:stdlib"
+    )
     weight: PositiveFloat = Field(default=1.0, description="share of the blend (weights are normalised)")
 
 
@@ -128,14 +131,35 @@ class Data(Strict):
 
     sources: Annotated[list[DataSource], Field(min_length=1)]
     verify: Literal["full", "size"] = Field(
-        default="full", description="check shards at start: sha256 and size (full), or size only (fast)"
+        default="full",
+        description="check local shards at start: sha256 and size (full), or size only (fast); a remote dataset's "
+        "sizes are checked at start and each chunk's checksum when it is fetched",
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="a node-local directory for remote datasets' chunks, shared by the node's ranks and jobs. "
+        "Default: $PHALANX_CACHE/data (~/.cache/phalanx/data)",
+    )
+    cache_bytes: Annotated[
+        ByteSize,
+        Field(gt=0),
+        WithJsonSchema({"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "string"}]}),
+    ] = Field(
+        default=ByteSize(64 << 30),
+        description="the most the node's cache holds (bytes, or with a unit: 500GB, 64GiB); the least recently "
+        "used chunks go first",
+    )
+    fetch_timeout_s: PositiveFloat = Field(
+        default=300.0,
+        description="how long a chunk may keep failing to arrive (the store down, erroring or slow) before the job "
+        "fails naming it; it is tried again with backoff meanwhile",
     )
 
 
 class Checkpoint(Strict):
     """Sharded checkpoints of the recipe (torch DCP), committed atomically with a checksummed manifest."""
 
-    dir: str | None = Field(
+    dir: Location | None = Field(
         default=None,
         description="a local path or an fsspec URL (s3://...); a run resumes from its newest valid checkpoint. "
         "Default: <run dir>/checkpoints",

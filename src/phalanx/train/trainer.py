@@ -269,6 +269,7 @@ class Trainer:
             "mfu": util,
             "bubble": self.bubble,
             "peak_memory_bytes": mem,
+            **self.batches.figures(),  # from object storage: bytes fetched, cache hits, the wait for chunks
         }
         self.ctx.report(s.step, **figures)
         self._step_times.append(s.step_time_s)

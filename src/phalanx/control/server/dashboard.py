@@ -91,7 +91,14 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
         "last_loss": stepped[-1].last_loss if stepped else None,
         "runtime_s": sum(d.ledger.wall_s for d in said),
         "tokens": sum(d.tokens_run for d in said),
+        "data": None,  # from object storage: bytes fetched, the wait for them, the cache's hit rate
     }
+    if fetching := [d.data for d in said if d.data is not None]:
+        summary["data"] = {
+            "fetched_bytes": sum(f.fetched_bytes for f in fetching),
+            "wait_s": sum(f.wait_s for f in fetching),
+            "hit_rate": fetching[-1].hit_rate,
+        }
     stacks = {}
     for rank in views.log_ranks(latest):  # a rank's Python stacks, dumped when the job was found hung
         dump = latest.stacks(rank)

@@ -116,6 +116,12 @@ class ServerCollector(Collector):
             "tokens_per_s": gauge("phalanx_job_tokens_per_second", "tokens/s of the last step"),
             "mfu": gauge("phalanx_job_mfu_ratio", "model FLOPs utilisation of the last step"),
             "data_wait_s": gauge("phalanx_job_data_wait_seconds", "of the last step, time waiting for the batch"),
+            "data_fetch_wait_s": gauge(
+                "phalanx_job_data_fetch_wait_seconds", "of the last step, the loader's wait for object storage"
+            ),
+            "data_cache_hit_rate": gauge(
+                "phalanx_job_data_cache_hit_ratio", "of the chunks the last step's look-ahead needed, those cached"
+            ),
             "peak_memory_bytes": gauge("phalanx_job_peak_memory_bytes", "rank 0's peak device memory"),
         }
         step = gauge("phalanx_job_last_step", "the last step done, counted from 1")
@@ -127,6 +133,9 @@ class ServerCollector(Collector):
         )
         blocked = CounterMetricFamily(
             "phalanx_job_checkpoint_blocking_seconds", "training time spent blocked on checkpoints", labels=JOB_LABELS
+        )
+        fetched = CounterMetricFamily(
+            "phalanx_job_data_fetched_bytes", "bytes rank 0 fetched from object storage", labels=JOB_LABELS
         )
         info_labels = ["tenant", "job_id", "name", "owner"]
         info = GaugeMetricFamily("phalanx_job_info", "a job's name and owner", labels=info_labels)
@@ -153,8 +162,10 @@ class ServerCollector(Collector):
             for cause, n in said.restarts.items():
                 restarts.add_metric([*labels, cause], n)
             blocked.add_metric(labels, said.checkpoint_blocked_s)
+            if said.data is not None:
+                fetched.add_metric(labels, said.data.fetched_bytes)
             goodput.add_metric(labels, said.ledger.goodput)
-        yield from (*last.values(), step, steps, tokens, goodput, restarts, blocked, info)
+        yield from (*last.values(), step, steps, tokens, goodput, restarts, blocked, fetched, info)
 
 
 def _le(bound: float) -> str:

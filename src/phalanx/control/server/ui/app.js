@@ -358,6 +358,8 @@ function jobPage(id) {
       ["outcome", esc(s.outcome)], ["steps", j.steps_done == null ? "none yet" : `${j.steps_done}${j.total_steps ? ` of ${j.total_steps}` : ""}`],
       ["last loss", s.last_loss == null ? "-" : s.last_loss.toFixed(4)], ["runtime", duration(s.runtime_s) || "-"],
       ["tokens", num(s.tokens) || "-"], ["goodput", pct(d.goodput.goodput) || "-"], ["restarts", String(j.restarts)],
+      ...(s.data ? [["data fetched", `${bytes(s.data.fetched_bytes)}, waited ${duration(s.data.wait_s)}`],
+        ["cache hits", pct(s.data.hit_rate)]] : []),
     ].map(([k, v]) => `<div data-field="${k}"><span>${k}</span><b>${v}</b></div>`).join("");
     drawCharts(d);
     const most = Math.max(1, ...d.per_rank.map((r) => r.peak_memory_bytes ?? 0)); // the bars: against the largest
