@@ -40,6 +40,7 @@ bench: $(STAMP) $(BENCH)/.installed
 # than .venv's too. torchtitan is 0.2.2, the release the lent GPU machine's torch 2.11 runs (bench/gpu.sh), so
 # that both places run the same peer. phalanx goes in without its dependencies (it pins torch < 2.14).
 # bench/control_plane.py drives the server with wrk and starts a PostgreSQL: both from Debian's packages.
+# bench/data_loader.py's remote section reads from moto's S3 server: s3fs for phalanx, boto3 for the peer.
 bench-env: $(BENCH)/.installed
 $(BENCH)/.installed:
 	command -v wrk >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
@@ -48,7 +49,8 @@ $(BENCH)/.installed:
 	python3 -m venv $(BENCH)
 	$(BENCH)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BENCH)/bin/pip install --quiet mosaicml-streaming==0.13.0 torchdata==0.11.0 torchtitan==0.2.2 torchft==0.2.0
-	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors matplotlib
+	$(BENCH)/bin/pip install --quiet pydantic pyyaml typer rich tokenizers pyarrow fsspec safetensors matplotlib \
+		xxhash s3fs boto3 'moto[server]'
 	$(BENCH)/bin/pip install --quiet --no-deps -e .
 	touch $@
 

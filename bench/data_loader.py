@@ -14,6 +14,15 @@ Measured, ``--repeats`` times, the loaders interleaved:
 - resume-to-first-batch: from nothing, restore the loader's state at sample position P and time until the
   first batch is in hand (workers started included), at P = 640 and P near the end of a 10M-sample epoch.
 
+From object storage (the second section), phalanx against mosaicml-streaming, both reading the same tokens
+from the same S3-API server on loopback (moto's) into a cold local cache, in shards of the same size:
+
+- time to the first batch, from nothing, the cache empty;
+- first-pass throughput: samples/s over the first ``--remote-batches`` batches from nothing, the first batch
+  and every download included;
+- resume near the end: from nothing, the cache empty, restore the state near the end of the epoch and time
+  until the first batch is in hand.
+
     make bench-env && .venv-bench/bin/python bench/data_loader.py [--samples 10000000] [--workers N]
 
 The peers need torchvision (mosaicml-streaming imports it), hence their own environment (`make bench-env`).
@@ -25,10 +34,16 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
+import shutil
+import socket
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +52,24 @@ from _report import Report, spread
 BATCH = 64
 
 
-def write_phalanx(root: Path, tokens: np.ndarray) -> Path:
-    """The tokens as one phalanx shard, written in the documented format (what `data prepare` produces)."""
-    from phalanx.data.shards import FORMAT, INDEX
-    from phalanx.storage import file_digest
+def write_phalanx(root: Path, tokens: np.ndarray, shard_tokens: int | None = None) -> Path:
+    """The tokens as phalanx shards (``shard_tokens`` each, default one), written in the documented format, with
+    the chunk checksums that `data prepare` records (so a remote reader can check each chunk it fetches)."""
+    from phalanx.data.shards import CHUNK_BYTES, FORMAT, INDEX, chunk_digests
 
-    out = root / "phalanx"
+    out = root / ("phalanx" if shard_tokens is None else f"phalanx-{shard_tokens}-{CHUNK_BYTES}")
     if (out / INDEX).exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tokens.astype("<u2").tofile(out / "shard-00000.bin")
+    step = shard_tokens or tokens.size
+    shards = []
+    for i, first in enumerate(range(0, tokens.size, step)):
+        data = tokens[first : first + step].astype("<u2").tobytes()
+        (out / (name := f"shard-{i:05d}.bin")).write_bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        shards.append(
+            {"file": name, "tokens": len(data) // 2, "sha256": digest, "chunks": chunk_digests(data, CHUNK_BYTES)}
+        )
     index = {
         "format": FORMAT,
         "dtype": "<u2",
@@ -55,21 +78,21 @@ def write_phalanx(root: Path, tokens: np.ndarray) -> Path:
         "tokenizer": {"kind": "byte"},
         "documents": 1,
         "total_tokens": int(tokens.size),
-        "shards": [
-            {"file": "shard-00000.bin", "tokens": int(tokens.size), "sha256": file_digest(out / "shard-00000.bin")}
-        ],
+        "chunk_bytes": CHUNK_BYTES,
+        "chunk_digest": "xxh3_128",
+        "shards": shards,
     }
     (out / INDEX).write_text(json.dumps(index))
     return out
 
 
-def write_mds(root: Path, tokens: np.ndarray, n: int, seq_len: int) -> Path:
+def write_mds(root: Path, tokens: np.ndarray, n: int, seq_len: int, size_limit: str = "64mb") -> Path:
     from streaming import MDSWriter
 
-    out = root / "mds"
+    out = root / ("mds" if size_limit == "64mb" else f"mds-{size_limit}")
     if (out / "index.json").exists():
         return out
-    with MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len + 1}"}, size_limit="64mb") as w:
+    with MDSWriter(out=str(out), columns={"tokens": f"ndarray:uint16:{seq_len + 1}"}, size_limit=size_limit) as w:
         for i in range(n):
             w.write({"tokens": tokens[i * seq_len : i * seq_len + seq_len + 1]})
     return out
@@ -196,8 +219,188 @@ def resume_latency(open_at, position: int) -> float:
     """Seconds from nothing to the first batch after restoring the state at ``position``."""
     gc.collect()
     started = time.perf_counter()
-    next(open_at(position))
-    return time.perf_counter() - started
+    it = open_at(position)
+    next(it)
+    took = time.perf_counter() - started
+    del it  # stopping the loader is not part of its resume
+    return took
+
+
+@dataclass
+class Cold:
+    """A loader reading from object storage: ``empty`` clears its local cache, ``open_at`` starts it at a sample
+    position (the loader's state restored there)."""
+
+    empty: Callable[[], None]
+    open_at: Callable[[int], Iterator]
+
+
+def start_store() -> subprocess.Popen:
+    """moto's S3-API server on loopback, and the environment both loaders take it from (phalanx through s3fs:
+    AWS_ENDPOINT_URL; mosaicml-streaming through boto3: S3_ENDPOINT_URL)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "S3_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("moto's server did not start") from None
+            time.sleep(0.2)
+
+
+def upload(local: Path, url: str) -> str:
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+    for f in local.iterdir():
+        fs.put_file(str(f), f"{bucket}/{prefix}/{f.name}")
+    return url
+
+
+def phalanx_remote(url: str, seq_len: int, cache: Path) -> Cold:
+    from phalanx.data.loader import Prefetcher, TokenSource
+    from phalanx.data.remote import CacheSettings, open_dataset
+
+    def open_at(position: int) -> Iterator:
+        dataset = open_dataset(url, cache=CacheSettings(cache, 64 << 30, 300.0, sharers=1))
+        loader = Prefetcher(TokenSource([dataset], [1.0], seq_len, seed=0), BATCH, 0, 1, position // BATCH)
+        try:
+            while True:
+                yield loader.next()
+        finally:
+            loader.close()
+
+    return Cold(lambda: shutil.rmtree(cache, ignore_errors=True), open_at)
+
+
+def streaming_remote(url: str, cache: Path, workers: int) -> Cold:
+    from streaming import StreamingDataLoader, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    def open_at(position: int) -> Iterator:
+        clean_stale_shared_memory()
+        ds = StreamingDataset(
+            remote=url, local=str(cache), shuffle=True, shuffle_seed=0, batch_size=BATCH, num_canonical_nodes=1
+        )
+        if position:
+            ds.load_state_dict(
+                {
+                    "epoch": 0,
+                    "sample_in_epoch": position,
+                    "num_canonical_nodes": 1,
+                    "shuffle_seed": 0,
+                    "initial_physical_nodes": 1,
+                }
+            )
+        return iter(StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers))
+
+    return Cold(lambda: shutil.rmtree(cache, ignore_errors=True), open_at)
+
+
+def first_pass(loader: Cold, batches: int) -> tuple[float, float]:
+    """(seconds to the first batch, samples/s over ``batches`` batches), both from nothing with the cache empty."""
+    loader.empty()
+    gc.collect()
+    started = time.perf_counter()
+    it = loader.open_at(0)
+    next(it)
+    first = time.perf_counter() - started
+    for _ in range(batches - 1):
+        next(it)
+    rate = batches * BATCH / (time.perf_counter() - started)
+    del it
+    return first, rate
+
+
+def cold_resume(loader: Cold, position: int) -> float:
+    loader.empty()
+    gc.collect()
+    started = time.perf_counter()
+    it = loader.open_at(position)
+    next(it)
+    took = time.perf_counter() - started
+    del it  # stopping the loader is not part of its resume
+    return took
+
+
+def remote_section(args: argparse.Namespace, tokens: np.ndarray) -> Report:
+    n, seq = args.remote_samples or args.samples, args.seq_len
+    root = args.cache / f"tokens-{n}-{seq}"
+    shard_tokens = args.shard_mib << 19  # uint16: two bytes a token
+    phalanx_dir = write_phalanx(root, tokens[: n * seq + 1], shard_tokens)
+    mds = write_mds(root, tokens, n, seq, f"{args.shard_mib}mb")
+    server = start_store()
+    try:
+        loaders = {
+            "phalanx": phalanx_remote(upload(phalanx_dir, "s3://bench/phalanx"), seq, args.cache / "cold-phalanx"),
+            "mosaicml-streaming": streaming_remote(
+                upload(mds, "s3://bench/mds"), args.cache / "cold-streaming", args.workers
+            ),
+        }
+        near_end = (n // BATCH - 2) * BATCH
+        figures = {name: {"first": [], "rate": [], "late": []} for name in loaders}
+        for _ in range(args.repeats):
+            for name, loader in loaders.items():
+                first, rate = first_pass(loader, args.remote_batches)
+                figures[name]["first"].append(first)
+                figures[name]["rate"].append(rate)
+                figures[name]["late"].append(cold_resume(loader, near_end))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    report = Report(
+        "Data loader from object storage",
+        "python bench/data_loader.py",
+        f"The same {n:,} samples of {seq + 1} tokens (uint16), in shards of {args.shard_mib} MiB for both loaders, "
+        "in one bucket of moto's S3-API server on loopback (which reads a whole object for each ranged GET: "
+        "the reason for shards this small), read into a local cache emptied before each figure. phalanx: its "
+        "loader as the trainer runs it, fetching the chunks (1 MiB) of the coming steps' samples; "
+        f"mosaicml-streaming: its `remote` and `local` settings with {args.workers} worker processes, otherwise "
+        f"its defaults. First pass: samples/s over the first {args.remote_batches:,} batches of {BATCH} from "
+        "nothing, the first batch and every download included. Resume: from nothing, the cache empty, the "
+        f"state restored at sample {near_end:,}, to the first batch. {args.repeats} rounds, the loaders "
+        "interleaved: medians, with the range.",
+    )
+    report.table(
+        ["loader", "first batch, ms", "first pass, samples/s", f"resume at {near_end:,}, ms"],
+        [
+            [name, spread(f["first"], 1e3), spread(f["rate"], fmt="{:,.0f}"), spread(f["late"], 1e3)]
+            for name, f in figures.items()
+        ],
+    )
+    ours, theirs = figures["phalanx"], figures["mosaicml-streaming"]
+    report.ratio("phalanx / mosaicml-streaming, first-pass throughput", _ratios(ours["rate"], theirs["rate"]), ">= 2")
+    report.ratio(
+        "mosaicml-streaming / phalanx, resume time near the end", _ratios(theirs["late"], ours["late"]), ">= 10"
+    )
+    report.ratio("mosaicml-streaming / phalanx, time to the first batch", _ratios(theirs["first"], ours["first"]))
+    return report
+
+
+def _ratios(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b, strict=True)]
 
 
 def main() -> None:
@@ -205,14 +408,29 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10_000_000)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--batches", type=int, default=500, help="batches read for throughput")
+    parser.add_argument("--remote-samples", type=int, default=None, help="in object storage; default --samples")
+    parser.add_argument("--remote-batches", type=int, default=1500, help="batches of the first pass from it")
+    parser.add_argument("--shard-mib", type=int, default=8, help="shard size in object storage, both loaders")
+    parser.add_argument("--sections", default="local,remote", help="local, remote, or both")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="the peers' processes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "phalanx" / "bench")
     parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
     args = parser.parse_args()
+    tokens = np.random.default_rng(0).integers(0, 256, args.samples * args.seq_len + 1, dtype=np.uint16)
+    sections = args.sections.split(",")
+    reports = [local_section(args, tokens)] if "local" in sections else []
+    reports += [remote_section(args, tokens)] if "remote" in sections else []
+    text = "\n".join(report.markdown() for report in reports)
+    print("\n" + text, flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+def local_section(args: argparse.Namespace, tokens: np.ndarray) -> Report:
     n, seq = args.samples, args.seq_len
     root = args.cache / f"tokens-{n}-{seq}"
-    tokens = np.random.default_rng(0).integers(0, 256, n * seq + 1, dtype=np.uint16)
     ds_dir = write_phalanx(root, tokens)
     mds = write_mds(root, tokens, n, seq)
     near_end = (n // BATCH - 2) * BATCH
@@ -256,7 +474,7 @@ def main() -> None:
         late = [b / a for a, b in zip(ours["late"], theirs["late"], strict=True)]
         report.ratio(f"phalanx / {name}, throughput", rate, goals[0])
         report.ratio(f"{name} / phalanx, resume time near the end", late, goals[1])
-    report.finish(args.out)
+    return report
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_fro
     assert _chunks_of(local, range(500, 501), 1) <= fetched <= _chunks_of(local, range(500, 500 + AHEAD + 3), 1)
 
 
-def test_a_corrupt_or_truncated_object_is_a_clear_error(tmp_path: Path, local: Path, s3_server) -> None:
+def test_a_corrupt_truncated_or_refused_object_is_a_clear_error(tmp_path: Path, local: Path, s3_server) -> None:
     fs = _s3()
     url = _upload(local, "corrupt")
     shard = f"{BUCKET}/corrupt/shard-00002.bin"
@@ -159,6 +159,12 @@ def test_a_corrupt_or_truncated_object_is_a_clear_error(tmp_path: Path, local: P
     fs.pipe_file(shard, bytes(data[:-2]))
     with pytest.raises(DatasetError, match=r"shard-00002.bin: \d+ bytes, expected \d+ .*truncated"):
         open_dataset(url)
+    anonymous = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") or k == "AWS_ENDPOINT_URL"}
+    anonymous.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE="/nonexistent")
+    refused = subprocess.run(
+        [sys.executable, "-m", "phalanx", "data", "verify", url], capture_output=True, text=True, env=anonymous
+    )
+    assert refused.returncode == 1 and "the store refused it (NoCredentialsError" in refused.stderr  # at once
 
 
 def _spec(job: Job, data: str, ckpt: Path, extra: str = "") -> Path:

@@ -20,7 +20,7 @@ def data_prepare(
     shard_tokens: int = typer.Option(1 << 26, help="tokens per shard (shards hold whole documents)"),
     eos_token: str = typer.Option(None, help="end-of-document token of a tokenizer.json (default: detected)"),
     dtype: str = typer.Option(None, help="uint16 | uint32 (default: the smallest that holds the vocabulary)"),
-    chunk_bytes: int = typer.Option(1 << 18, help="the unit a remote reader fetches and checks (multiple of 4)"),
+    chunk_bytes: int = typer.Option(1 << 20, help="the unit a remote reader fetches and checks (multiple of 4)"),
 ) -> None:
     """Tokenize documents into memory-mapped shards with a checksummed index; rerun to resume if interrupted."""
     from phalanx.data.prepare import prepare

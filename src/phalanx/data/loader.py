@@ -8,6 +8,7 @@ into the node's cache, so a rank resumed at step s fetches from s on, and only w
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -60,6 +61,7 @@ class TokenSource:
         datasets = [open_dataset(resolve(s.path), data.verify, cache) for s in data.sources]
         return cls(datasets, [s.weight for s in data.sources], seq_len, seed, [s.path for s in data.sources])
 
+    @functools.lru_cache(maxsize=4 * AHEAD)  # noqa: B019 - the loader's look-ahead and its reads ask for each step
     def locate(self, step: int, global_batch: int, dp_rank: int = 0, dp_size: int = 1):
         """(source, sample index) of the rows that ``dp_rank`` reads at ``step``."""
         per_rank = global_batch // dp_size
@@ -165,7 +167,7 @@ class Prefetcher:
 
 class _FetchAhead:
     """The fetching thread: keeps the chunks of the steps from the one being read to ``AHEAD`` after it on the
-    node, a round of steps at a time (their chunks fetched concurrently)."""
+    node, a round of steps at a time (their chunks fetched concurrently); a step being waited for, by itself."""
 
     def __init__(
         self, source: TokenSource, global_batch: int, dp_rank: int, dp_size: int, step: int, stop: threading.Event
@@ -185,7 +187,9 @@ class _FetchAhead:
                     if self._fetched >= self._reading + AHEAD:
                         self._cond.wait(timeout=0.1)
                         continue
-                    steps = range(self._fetched, self._reading + AHEAD)
+                    # The step being read waits alone (a cold start's first batch), the rest come in one round.
+                    last = self._fetched + 1 if self._fetched <= self._reading else self._reading + AHEAD
+                    steps = range(self._fetched, last)
                 taken = source.fetch(steps, global_batch, dp_rank, dp_size)
                 with self._cond:
                     self._fetched, self._stats = steps.stop, self._stats + taken

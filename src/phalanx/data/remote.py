@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
 import threading
 import time
@@ -43,23 +44,40 @@ CORRUPT_TRIES = 3
 BACKOFF_S = (0.1, 5.0)  # the first wait between tries, and the longest
 WAIT_POLL_S = 0.01
 OPEN_CHUNKS = 4096  # chunks a process keeps mapped
+RUN = 8  # neighbouring chunks fetched in one request, at most
+CREDENTIAL_ERRORS = {"NoCredentialsError", "PartialCredentialsError", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 
 
 class DataFetchError(RuntimeError):
     """The object store did not give a chunk within the fetch budget (an outage, not the data: restartable)."""
 
 
-def digest(algorithm: str, data: bytes) -> str:
+def digest(algorithm: str, data: bytes | np.ndarray) -> str:
     if algorithm == "xxh3_128":
         return xxhash.xxh3_128_hexdigest(data)
     return hashlib.sha256(data).hexdigest()
 
 
 def store_options(protocol: str) -> dict[str, Any]:
-    """Bounds on one request, so that a frozen store is a failed try, not a wait: our retries are the policy."""
+    """A filesystem of its own (fsspec would hand back one made earlier in the process, with the endpoint and
+    credentials the environment had then), and for S3 bounds on one request, so that a frozen store is a failed
+    try, not a wait: our retries are the policy."""
+    options: dict[str, Any] = {"skip_instance_cache": True}
     if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 1}}}
-    return {}
+        options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 1}}
+    return options
+
+
+def refused(what: str, error: BaseException) -> None:
+    """Raise a DatasetError if the store refused us (no or wrong credentials, no permission): trying again would
+    not help, and the person who runs the job has something to fix."""
+    names = {c.__name__ for c in type(error).__mro__}
+    if isinstance(error, PermissionError) or names & CREDENTIAL_ERRORS:
+        raise DatasetError(
+            f"{what}: the store refused it ({error!r}); give credentials as the store expects them (for S3: "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and AWS_ENDPOINT_URL for an S3-compatible "
+            "store) with read access to the dataset"
+        ) from None
 
 
 def fetch_with_retries(what: str, fetch, timeout_s: float):
@@ -70,7 +88,8 @@ def fetch_with_retries(what: str, fetch, timeout_s: float):
             return fetch()
         except FileNotFoundError:
             raise
-        except Exception as e:  # any store error is a try that failed
+        except Exception as e:  # any store error is a try that failed, unless the store refused us
+            refused(what, e)
             if time.monotonic() + wait > deadline:
                 raise DataFetchError(f"{what}: not fetched in {timeout_s:g} s (data.fetch_timeout_s): {e!r}") from e
             time.sleep(wait)
@@ -107,7 +126,10 @@ def open_dataset(
 
 def open_remote(url: str, settings: CacheSettings) -> TokenDataset:
     """A remote dataset, once its index is read and every shard object found there, of its size."""
-    fs, root = url_to_fs(url, **store_options(url.split("://", 1)[0]))
+    try:
+        fs, root = url_to_fs(url, **store_options(url.split("://", 1)[0]))
+    except (ImportError, ValueError) as e:  # fsspec: a protocol it does not know, or one whose package is missing
+        raise DatasetError(f"{url}: cannot be read ({e}); for s3:// install phalanx[s3]") from None
     root = root.rstrip("/")
     name = f"{url.rstrip('/')}/{INDEX}"
     try:
@@ -194,20 +216,25 @@ class RemoteShards:
     def take(self, shard: int, positions: np.ndarray) -> np.ndarray:
         """Tokens at ``positions`` (any shape) of ``shard``, fetching what the node does not hold."""
         chunk_tokens = self.chunk_bytes[shard] // self.itemsize
-        chunks = positions // chunk_tokens
-        out = np.empty(positions.shape, dtype=self.dtype)
-        for c in np.unique(chunks):
-            where = chunks == c
-            out[where] = self._tokens(int(self.first_chunk[shard] + c))[positions[where] - c * chunk_tokens]
-        return out
+        flat = positions.ravel()
+        order = np.argsort(flat // chunk_tokens, kind="stable")  # grouped by chunk: one gather per chunk
+        chunks = flat[order] // chunk_tokens
+        firsts = np.flatnonzero(np.diff(chunks, prepend=-1))
+        out = np.empty(flat.size, dtype=self.dtype)
+        for first, last in zip(firsts, [*firsts[1:], flat.size], strict=True):
+            c = int(chunks[first])
+            rows = order[first:last]
+            out[rows] = self._tokens(int(self.first_chunk[shard]) + c)[flat[rows] - c * chunk_tokens]
+        return out.reshape(positions.shape)
 
     def fetch(self, ids: Iterable[int]) -> None:
         """Make sure the node holds chunks ``ids`` (the loader's look-ahead): fetch the missing ones, waiting for
         those another rank of the node is fetching."""
         ids = sorted(set(ids))
-        keep = frozenset(self._path(i) for i in ids)
         with self._lock:
-            missing = [i for i in ids if not self._path(i).is_file()]
+            # A chunk this process has mapped stays readable here, even if evicted from the disk since.
+            missing = [i for i in ids if i not in self._open and not self._path(i).is_file()]
+            keep = frozenset(self._path(i) for i in missing)
             self.stats.needed += len(ids)
             self.stats.cached += len(ids) - len(missing)
             deadline = time.monotonic() + self.fetch_timeout_s
@@ -242,16 +269,13 @@ class RemoteShards:
         bad: dict[int, int] = {}
         while ids:
             spans = [self._span(i) for i in ids]
-            try:
-                got = self.fs.cat_ranges(
-                    [s[0] for s in spans], [s[1] for s in spans], [s[2] for s in spans], on_error="return"
-                )
-            except Exception as e:  # the whole batch failed (the store down): every chunk did
-                got = [e] * len(ids)
+            got = self._ranges(ids, spans)
             failed, why, missing = [], "", None
             for i, (_, start, end), data in zip(ids, spans, got, strict=True):
                 if isinstance(data, FileNotFoundError):  # it was there at the start: a store coming back, maybe
                     missing = i
+                if isinstance(data, BaseException):
+                    refused(self._name(i), data)
                 if isinstance(data, BaseException) or len(data) != end - start:
                     why = repr(data) if isinstance(data, BaseException) else f"{len(data)} of {end - start} bytes"
                     failed.append(i)
@@ -290,6 +314,31 @@ class RemoteShards:
                 wait = min(2 * wait, BACKOFF_S[1])
             ids = failed
 
+    def _ranges(self, ids: list[int], spans: list[tuple[str, int, int]]) -> list[bytes | BaseException]:
+        """Each chunk's bytes (or the error that stopped them): a run of neighbouring chunks of a shard is one
+        request of up to ``RUN`` chunks, the requests concurrent (a store's cost is mostly per request)."""
+        runs: list[list[int]] = []
+        for k, i in enumerate(ids):
+            if runs and i == ids[runs[-1][-1]] + 1 and spans[k][0] == spans[k - 1][0] and len(runs[-1]) < RUN:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        try:
+            got = self.fs.cat_ranges(
+                [spans[run[0]][0] for run in runs],
+                [spans[run[0]][1] for run in runs],
+                [spans[run[-1]][2] for run in runs],
+                on_error="return",
+            )
+        except Exception as e:  # the whole batch failed (the store down): every chunk did
+            got = [e] * len(runs)
+        out: list[bytes | BaseException] = []
+        for run, data in zip(runs, got, strict=True):
+            first = spans[run[0]][1]
+            for k in run:  # a run cut short leaves its last chunks short: they are tried again
+                out.append(data if isinstance(data, BaseException) else data[spans[k][1] - first : spans[k][2] - first])
+        return out
+
     def verify(self) -> None:
         """Read every shard from the store and check its sha256 (``phalanx data verify URL``)."""
         for shard in self.shards:
@@ -310,14 +359,12 @@ class RemoteShards:
         path = self._path(i)
         while True:
             try:
-                tokens = np.memmap(path, dtype=self.dtype, mode="r")
+                tokens = _mapped(path, self.dtype)
             except FileNotFoundError:  # evicted since the look-ahead fetched it, or never fetched
                 self.fetch([i])
                 continue
-            except ValueError:  # an empty file: zero bytes cannot be mapped
-                tokens = np.empty(0, dtype=self.dtype)
             shard, chunk = self._locate(i)
-            if digest(self.algorithm[shard], tokens.tobytes()) == self.digests[shard][chunk]:
+            if digest(self.algorithm[shard], tokens) == self.digests[shard][chunk]:
                 break
             self.cache.drop(path)  # bad bytes on this disk: fetch it again
         self.cache.used(path)
@@ -343,3 +390,11 @@ class RemoteShards:
     def _name(self, i: int) -> str:
         _, start, end = self._span(i)
         return f"{self.url}/{self.shards[self._locate(i)[0]].file} (bytes {start}-{end})"
+
+
+def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
+    """A chunk's tokens, mapped read-only: a plain array over the map (np.memmap's subclass costs more per read)."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:  # zero bytes cannot be mapped
+            return np.empty(0, dtype=dtype)
+        return np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=dtype)

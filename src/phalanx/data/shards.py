@@ -29,7 +29,7 @@ from phalanx.storage import file_digest
 
 FORMAT = "phalanx-tokens-v1"
 INDEX = "index.json"
-CHUNK_BYTES = 1 << 18  # 256 KiB: a batch's first fetch stays small, and a GET still moves far more than it waits
+CHUNK_BYTES = 1 << 20  # 1 MiB: a GET moves far more than it waits for, and a batch's first fetch stays small
 
 
 def is_url(path: str | Path) -> bool:
@@ -115,6 +115,8 @@ class TokenDataset:
     reader gives (``data/remote.py``: a dataset in object storage, read in checked chunks)."""
 
     def __init__(self, root: str | Path, verify: Literal["full", "size"] = "full"):
+        if is_url(root):
+            raise ValueError(f"{root}: a URL; open it with phalanx.data.remote.open_dataset")
         self.root: str | Path = Path(root)
         index_path = self.root / INDEX
         try:
