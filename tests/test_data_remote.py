@@ -25,6 +25,8 @@ from phalanx.data.prepare import STATE, prepare
 from phalanx.data.remote import CacheSettings, open_dataset
 from phalanx.data.shards import DatasetError, TokenDataset
 from phalanx.obs import read_jsonl
+from phalanx.obs.digest import digest
+from phalanx.obs.rundir import RunDir
 from servers import free_port
 
 CHUNK = 1024
@@ -82,7 +84,8 @@ def _chunks_of(local: Path, steps: range, rank: int, seed: int = 7) -> set[tuple
 
 def _cached(cache: Path) -> dict[tuple[str, int], int]:
     """The chunks a node's cache holds, as (shard, chunk), and their sizes."""
-    return {(f.parent.name, int(f.name)): f.stat().st_size for f in cache.glob("*/shard-*/[0-9]*")}
+    chunks = (f for f in cache.glob("*/*/*") if f.name.isdigit())  # not a temporary file being written
+    return {(f"shard-{int(f.parent.name):05d}", int(f.name)): f.stat().st_size for f in chunks}
 
 
 def test_prepare_into_object_storage_resumes_and_verifies(tmp_path: Path, local: Path, s3_server) -> None:
@@ -111,9 +114,9 @@ def test_prepare_into_object_storage_resumes_and_verifies(tmp_path: Path, local:
 def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_from_its_step(
     tmp_path: Path, local: Path, s3_server
 ) -> None:
-    """Two ranks sharing a node's cache a sixth of the dataset's size read every batch exactly as from local disk,
+    """Two ranks sharing a node's cache a tenth of the dataset's size read every batch exactly as from local disk,
     the cache staying within its bound; a loader started at step 500 fetches only its own rows' chunks from
-    there on."""
+    there on; a remote source blends with a local one as a local one would."""
     url = _upload(local, "small-cache")
     budget = 192 << 10
     truth = TokenSource([TokenDataset(local)], [1.0], seq_len=32, seed=7)
@@ -137,6 +140,12 @@ def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_fro
     loader.close()
     fetched = set(_cached(tmp_path / "resumed"))
     assert _chunks_of(local, range(500, 501), 1) <= fetched <= _chunks_of(local, range(500, 500 + AHEAD + 3), 1)
+
+    settings = CacheSettings(tmp_path / "blend", 1 << 30, fetch_timeout_s=20, sharers=1)
+    blends = [[TokenDataset(local), open_dataset(url, cache=settings)], [TokenDataset(local), TokenDataset(local)]]
+    mixed, plain = (TokenSource(d, [0.7, 0.3], seq_len=32, seed=7) for d in blends)
+    for step in range(0, 400, 40):  # a local and a remote source blend as two local ones do
+        assert np.array_equal(mixed.local_batch(step, 8, 0, 1).numpy(), plain.local_batch(step, 8, 0, 1).numpy())
 
 
 def test_a_corrupt_truncated_or_refused_object_is_a_clear_error(tmp_path: Path, local: Path, s3_server) -> None:
@@ -271,6 +280,8 @@ def test_training_from_object_storage_equals_local_disk_through_a_kill_and_a_sto
     assert sum(_cached(cache).values()) <= (128 << 10) * 1.1 < len(needed) * CHUNK  # it evicted to stay bounded
     metrics = list(read_jsonl(run / "metrics.jsonl"))
     assert all(m["data_fetched_bytes"] >= 0 and 0 <= m["data_cache_hit_rate"] <= 1 for m in metrics)
+    said = digest(RunDir(run))
+    assert said.data.fetched_bytes > 0 and said.ledger.seconds["data"] > 1  # the outage's wait, as data
     written = b"".join(p.read_bytes() for p in run.rglob("*") if p.is_file())
     assert store.env["AWS_SECRET_ACCESS_KEY"].encode() not in written
 

@@ -1,7 +1,8 @@
 """A node's cache of verified chunks of remote datasets, on its local disk, shared by the node's ranks.
 
     ROOT/<dataset key>/locks                  one byte-range lock per chunk (``lockf``): who is fetching it
-    ROOT/<dataset key>/<shard>/<chunk>        a chunk's bytes, written whole under a temporary name, then renamed
+    ROOT/<dataset key>/<shard>/<chunk>        a chunk's bytes (by numbers), written whole under a temporary name,
+                                              then renamed
 
 - **Shared safely**: a rank takes a chunk's lock without blocking before it fetches it; a rank that finds the
   lock held waits for the chunk to appear (or the lock to be let go: then it fetches it itself), so a node
@@ -52,8 +53,9 @@ class ChunkCache:
         self._total: int | None = None
         self._since_scan = 0
 
-    def path(self, shard: str, chunk: int) -> Path:
-        return self.dir / shard.rsplit(".", 1)[0] / f"{chunk:06d}"
+    def path(self, shard: int, chunk: int) -> Path:
+        """Chunk ``chunk`` of the dataset's shard number ``shard`` (numbers: never a name from the index)."""
+        return self.dir / f"{shard:05d}" / f"{chunk:06d}"
 
     def claim(self, ids: Iterable[int]) -> tuple[list[int], list[int]]:
         """(the chunks this process now holds the fetch locks of, those another process is fetching)."""
@@ -84,7 +86,7 @@ class ChunkCache:
             self._lock_file = os.open(self.dir / "locks", os.O_RDWR | os.O_CREAT, 0o644)
         return self._lock_file
 
-    def put(self, shard: str, chunk: int, data: bytes, keep: frozenset[Path] = frozenset()) -> None:
+    def put(self, shard: int, chunk: int, data: bytes, keep: frozenset[Path] = frozenset()) -> None:
         """Store a verified chunk (first making room for it, sparing ``keep``): readers see all of it or none."""
         self.make_room(len(data), keep)
         path = self.path(shard, chunk)

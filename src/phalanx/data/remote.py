@@ -291,7 +291,7 @@ class RemoteShards:
                         )
                     failed.append(i)
                     continue
-                self.cache.put(self.shards[shard].file, chunk, data, keep)
+                self.cache.put(shard, chunk, data, keep)
                 self.stats.fetched_bytes += len(data)
             if failed and time.monotonic() + wait > deadline:
                 if missing is not None:
@@ -385,7 +385,7 @@ class RemoteShards:
 
     def _path(self, i: int) -> Path:
         shard, chunk = self._locate(i)
-        return self.cache.path(self.shards[shard].file, chunk)
+        return self.cache.path(shard, chunk)
 
     def _name(self, i: int) -> str:
         _, start, end = self._span(i)
