@@ -109,6 +109,10 @@ def test_prepare_into_object_storage_resumes_and_verifies(tmp_path: Path, local:
     assert not _s3().exists(f"{BUCKET}/prepared/{STATE}")
     verified = subprocess.run([sys.executable, "-m", "phalanx", "data", "verify", url], capture_output=True, text=True)
     assert verified.returncode == 0 and "ok, 4 shard(s)" in verified.stderr
+    job = Job(tmp_path)
+    typo = job.spec(f"name: t\n{TRAIN}data: {{sources: [{{path: '{url}-typo'}}]}}\n")
+    checked = subprocess.run([sys.executable, "-m", "phalanx", "validate", str(typo)], capture_output=True, text=True)
+    assert checked.returncode == 2 and f"data.sources.0.path: {url}-typo/index.json: not found" in checked.stderr
 
 
 def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_from_its_step(

@@ -89,7 +89,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
     spec = parse_spec(text, source="the submitted spec")
     if before is not None:
         spec = _resuming(spec, before)
-    preflight(spec, workdir)
+    preflight(spec, workdir, remote_data=False)
     workers, per_worker = gang_shape(spec)
     if workers * per_worker > capacity:
         raise SpecError(
