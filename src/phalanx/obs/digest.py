@@ -32,6 +32,15 @@ class Resumption:
 
 
 @dataclass(frozen=True)
+class DataFetched:
+    """Rank 0's fetching of a dataset in object storage, over the run."""
+
+    fetched_bytes: float
+    wait_s: float  # the loader's time waiting for chunks to arrive
+    hit_rate: float  # the last step's: of the chunks its look-ahead needed, the share the node already held
+
+
+@dataclass(frozen=True)
 class RunDigest:
     ledger: Ledger
     restarts: dict[str, int]  # by category of the failure (crash, hang, node_lost, ...)
@@ -47,15 +56,6 @@ class RunDigest:
     emergency_saves: tuple[tuple[float, int], ...]  # (when, step) of each checkpoint a stop from outside saved
     first_step: int | None  # the first step record's: the steps done before the run began training
     data: DataFetched | None  # what rank 0 fetched from object storage; None where it read none
-
-
-@dataclass(frozen=True)
-class DataFetched:
-    """Rank 0's fetching of a dataset in object storage, over the run."""
-
-    fetched_bytes: float
-    wait_s: float  # the loader's time waiting for chunks to arrive
-    hit_rate: float  # the last step's: of the chunks its look-ahead needed, the share the node already held
 
     @property
     def restart_count(self) -> int:
