@@ -132,13 +132,16 @@ def phalanx_opener(ds_dir: Path, seq_len: int):
     return open_at
 
 
-def streaming_opener(mds: Path, workers: int):
+def streaming_opener(local: Path, workers: int, remote: str | None = None):
+    """mosaicml-streaming over the MDS shards in ``local``, or downloaded into it from ``remote``."""
     from streaming import StreamingDataLoader, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
     def open_at(position: int) -> Iterator:
         clean_stale_shared_memory()
-        ds = StreamingDataset(local=str(mds), shuffle=True, shuffle_seed=0, batch_size=BATCH, num_canonical_nodes=1)
+        ds = StreamingDataset(
+            remote=remote, local=str(local), shuffle=True, shuffle_seed=0, batch_size=BATCH, num_canonical_nodes=1
+        )
         if position:
             ds.load_state_dict(
                 {
@@ -296,27 +299,7 @@ def phalanx_remote(url: str, seq_len: int, cache: Path) -> Cold:
 
 
 def streaming_remote(url: str, cache: Path, workers: int) -> Cold:
-    from streaming import StreamingDataLoader, StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
-
-    def open_at(position: int) -> Iterator:
-        clean_stale_shared_memory()
-        ds = StreamingDataset(
-            remote=url, local=str(cache), shuffle=True, shuffle_seed=0, batch_size=BATCH, num_canonical_nodes=1
-        )
-        if position:
-            ds.load_state_dict(
-                {
-                    "epoch": 0,
-                    "sample_in_epoch": position,
-                    "num_canonical_nodes": 1,
-                    "shuffle_seed": 0,
-                    "initial_physical_nodes": 1,
-                }
-            )
-        return iter(StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers))
-
-    return Cold(lambda: shutil.rmtree(cache, ignore_errors=True), open_at)
+    return Cold(lambda: shutil.rmtree(cache, ignore_errors=True), streaming_opener(cache, workers, remote=url))
 
 
 def first_pass(loader: Cold, batches: int) -> tuple[float, float]:

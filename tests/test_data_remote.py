@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, Job
 from phalanx.data.loader import AHEAD, Prefetcher, TokenSource
 from phalanx.data.prepare import STATE, prepare
-from phalanx.data.remote import CacheSettings, open_dataset
+from phalanx.data.remote import CacheSettings, DataFetchError, open_dataset
 from phalanx.data.shards import DatasetError, TokenDataset
 from phalanx.obs import read_jsonl
 from phalanx.obs.digest import digest
@@ -288,6 +288,25 @@ def test_training_from_object_storage_equals_local_disk_through_a_kill_and_a_sto
     assert said.data.fetched_bytes > 0 and said.ledger.seconds["data"] > 1  # the outage's wait, as data
     written = b"".join(p.read_bytes() for p in run.rglob("*") if p.is_file())
     assert store.env["AWS_SECRET_ACCESS_KEY"].encode() not in written
+
+
+def test_a_frozen_store_fails_the_fetch_by_its_budget(
+    tmp_path: Path, store: _Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that is frozen (SIGSTOP: connections still accepted by the kernel, never answered) is a try that
+    fails by the request's bound, then a DataFetchError naming what was not fetched, not a wait."""
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(key, store.env[key])
+    settings = CacheSettings(tmp_path / "cache", 1 << 30, fetch_timeout_s=2, sharers=1)
+    open_dataset("s3://phalanx-test/ds", cache=settings)  # answering
+    os.kill(store.server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DataFetchError, match=r"s3://phalanx-test/ds/index.json: not fetched in 2 s"):
+            open_dataset("s3://phalanx-test/ds", cache=settings)
+        assert time.monotonic() - started < 20  # the budget and one request's bound, not botocore's 60 s
+    finally:
+        os.kill(store.server.pid, signal.SIGCONT)
 
 
 def test_two_local_nodes_fetch_disjoint_chunks(tmp_path: Path, local: Path, s3_server) -> None:

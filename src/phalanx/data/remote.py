@@ -58,13 +58,14 @@ def digest(algorithm: str, data: bytes | np.ndarray) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def store_options(protocol: str) -> dict[str, Any]:
+def store_options(protocol: str, timeout_s: float) -> dict[str, Any]:
     """A filesystem of its own (fsspec would hand back one made earlier in the process, with the endpoint and
-    credentials the environment had then), and for S3 bounds on one request, so that a frozen store is a failed
-    try, not a wait: our retries are the policy."""
+    credentials the environment had then), and for S3 bounds on one request within the fetch budget, so that a
+    frozen store is a failed try, not a wait: our retries are the policy."""
     options: dict[str, Any] = {"skip_instance_cache": True}
     if protocol in ("s3", "s3a"):
-        options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 30, "retries": {"max_attempts": 1}}
+        bounds = {"connect_timeout": min(5.0, timeout_s), "read_timeout": min(30.0, timeout_s)}
+        options["config_kwargs"] = {**bounds, "retries": {"max_attempts": 1}}
     return options
 
 
@@ -127,9 +128,11 @@ def open_dataset(
 def open_remote(url: str, settings: CacheSettings) -> TokenDataset:
     """A remote dataset, once its index is read and every shard object found there, of its size."""
     try:
-        fs, root = url_to_fs(url, **store_options(url.split("://", 1)[0]))
+        fs, root = url_to_fs(url, **store_options(url.split("://", 1)[0], settings.fetch_timeout_s))
     except (ImportError, ValueError) as e:  # fsspec: a protocol it does not know, or one whose package is missing
         raise DatasetError(f"{url}: cannot be read ({e}); for s3:// install phalanx[s3]") from None
+    if hasattr(fs, "retries"):  # s3fs tries a request 5 times itself: one try each, our loop is the policy
+        fs.retries = 1
     root = root.rstrip("/")
     name = f"{url.rstrip('/')}/{INDEX}"
     try:
