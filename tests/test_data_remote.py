@@ -120,7 +120,8 @@ def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_fro
 ) -> None:
     """Two ranks sharing a node's cache a tenth of the dataset's size read every batch exactly as from local disk,
     the cache staying within its bound; a loader started at step 500 fetches only its own rows' chunks from
-    there on; a remote source blends with a local one as a local one would."""
+    there on, and a chunk the disk corrupted since is fetched again; a remote source blends with a local one as
+    a local one would."""
     url = _upload(local, "small-cache")
     budget = 192 << 10
     truth = TokenSource([TokenDataset(local)], [1.0], seq_len=32, seed=7)
@@ -144,6 +145,12 @@ def test_a_small_cache_reads_what_local_disk_does_and_a_resumed_rank_fetches_fro
     loader.close()
     fetched = set(_cached(tmp_path / "resumed"))
     assert _chunks_of(local, range(500, 501), 1) <= fetched <= _chunks_of(local, range(500, 500 + AHEAD + 3), 1)
+    shard, chunk = sorted(_chunks_of(local, range(500, 501), 1))[0]
+    (cached,) = (tmp_path / "resumed").glob(f"*/{int(shard.removeprefix('shard-')):05d}/{chunk:06d}")
+    good = cached.read_bytes()
+    cached.write_bytes(bytes(b ^ 0xFF for b in good))  # the disk gives back other bytes
+    again = _source(url, tmp_path / "resumed").local_batch(500, 8, 1, 2)  # a new process maps and checks it
+    assert np.array_equal(again.numpy(), truth.local_batch(500, 8, 1, 2).numpy()) and cached.read_bytes() == good
 
     settings = CacheSettings(tmp_path / "blend", 1 << 30, fetch_timeout_s=20, sharers=1)
     blends = [[TokenDataset(local), open_dataset(url, cache=settings)], [TokenDataset(local), TokenDataset(local)]]

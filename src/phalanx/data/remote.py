@@ -359,7 +359,7 @@ class RemoteShards:
         if (tokens := self._open.get(i)) is not None:
             self._open.move_to_end(i)
             return tokens
-        path = self._path(i)
+        path, bad = self._path(i), 0
         while True:
             try:
                 tokens = _mapped(path, self.dtype)
@@ -370,6 +370,12 @@ class RemoteShards:
             if digest(self.algorithm[shard], tokens) == self.digests[shard][chunk]:
                 break
             self.cache.drop(path)  # bad bytes on this disk: fetch it again
+            bad += 1
+            if bad >= CORRUPT_TRIES:
+                raise DatasetError(
+                    f"{path}: this node's disk gave back other bytes than were written, {bad} times, for "
+                    f"{self._name(i)}; check the disk under data.cache_dir"
+                )
         self.cache.used(path)
         self._open[i] = tokens
         if len(self._open) > OPEN_CHUNKS:
