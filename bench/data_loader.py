@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,9 @@ from pathlib import Path
 
 import numpy as np
 from _report import Report, spread
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import free_port, start_moto
 
 BATCH = 64
 
@@ -241,14 +243,8 @@ class Cold:
 def start_store() -> subprocess.Popen:
     """moto's S3-API server on loopback, and the environment both loaders take it from (phalanx through s3fs:
     AWS_ENDPOINT_URL; mosaicml-streaming through boto3: S3_ENDPOINT_URL)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port = free_port()
+    server = start_moto(port)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update(
         {
@@ -259,15 +255,7 @@ def start_store() -> subprocess.Popen:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("moto's server did not start") from None
-            time.sleep(0.2)
+    return server
 
 
 def upload(local: Path, url: str) -> str:

@@ -5,7 +5,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import NoReturn
 import fsspec
 import pytest
 
-from servers import MARK, PhalanxServer, Postgres, alive, free_port
+from servers import MARK, PhalanxServer, Postgres, alive, free_port, start_moto
 
 REPO = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -132,11 +131,7 @@ def s3_server() -> Iterator[dict[str, str]]:
     """A real S3-API server (moto's standalone server) on loopback, with an empty bucket ``phalanx-test``.
     Yields the environment variables an S3 client (s3fs, boto) takes its endpoint and credentials from."""
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_moto(port)
     env = {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "phalanx",
@@ -145,14 +140,6 @@ def s3_server() -> Iterator[dict[str, str]]:
     }
     saved = {k: os.environ.get(k) for k in env}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "moto server did not start"
-                time.sleep(0.2)
         os.environ.update(env)
         fsspec.filesystem("s3", skip_instance_cache=True).mkdir("phalanx-test")
         yield env

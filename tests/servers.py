@@ -1,6 +1,6 @@
-"""Real servers on loopback, for the tests and the benchmarks (bench/control_plane.py): a PostgreSQL from
-Debian's package, run as a non-root user in a temporary directory, and `phalanx server` in a process of its
-own."""
+"""Real servers on loopback, for the tests and the benchmarks (bench/control_plane.py, bench/data_loader.py): a
+PostgreSQL from Debian's package, run as a non-root user in a temporary directory, moto's S3-API server, and
+`phalanx server` in a process of its own."""
 
 from __future__ import annotations
 
@@ -63,6 +63,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_moto(port: int) -> subprocess.Popen:
+    """moto's standalone S3-API server on 127.0.0.1:``port``, once it accepts connections (60 s at most)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto's S3 server did not start on port {port}") from None
+            time.sleep(0.1)
 
 
 class Postgres:

@@ -17,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 # xxh3_128 for checkpoints, hashed on every save beside training: it finds the same corruption (torn writes,
 # bit rot, a truncated upload) at a sixteenth of the CPU (4.5 ms against 75 ms for 150 MiB here). Neither
 # guards against someone who can write the files, who could rewrite the manifest as well.
-DIGESTS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
+DIGESTS: dict[str, Callable[..., Any]] = {"sha256": hashlib.sha256, "xxh3_128": xxhash.xxh3_128}
 
 
 def write_atomic(path: str | Path, data: bytes, fs: AbstractFileSystem | None = None) -> None:
@@ -44,3 +44,8 @@ def file_digest(path: str | Path, algorithm: str = "sha256", fs: AbstractFileSys
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def bytes_digest(data: bytes | memoryview | Any, algorithm: str = "sha256") -> str:
+    """The hex digest of ``data`` (anything with the buffer protocol) by ``algorithm``, one of ``DIGESTS``."""
+    return DIGESTS[algorithm](data).hexdigest()

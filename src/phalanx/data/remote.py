@@ -19,7 +19,6 @@ Credentials are the store's own conventions (for S3: the ``AWS_*`` environment v
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 import os
@@ -32,13 +31,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import xxhash
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
 from phalanx.data.cache import ChunkCache, cache_root, dataset_key
 from phalanx.data.shards import INDEX, DatasetError, Shard, TokenDataset, is_url, read_index, shards_of
-from phalanx.storage import file_digest
+from phalanx.spec.model import Data
+from phalanx.storage import bytes_digest, file_digest
 
 CORRUPT_TRIES = 3
 BACKOFF_S = (0.1, 5.0)  # the first wait between tries, and the longest
@@ -52,21 +51,23 @@ class DataFetchError(RuntimeError):
     """The object store did not give a chunk within the fetch budget (an outage, not the data: restartable)."""
 
 
-def digest(algorithm: str, data: bytes | np.ndarray) -> str:
-    if algorithm == "xxh3_128":
-        return xxhash.xxh3_128_hexdigest(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def store_options(protocol: str, timeout_s: float) -> dict[str, Any]:
-    """A filesystem of its own (fsspec would hand back one made earlier in the process, with the endpoint and
-    credentials the environment had then), and for S3 bounds on one request within the fetch budget, so that a
-    frozen store is a failed try, not a wait: our retries are the policy."""
+def open_store(url: str, timeout_s: float) -> tuple[AbstractFileSystem, str]:
+    """The filesystem and path of ``url``: a filesystem of its own (fsspec would hand back one made earlier in
+    the process, with the endpoint and credentials the environment had then), and for S3 one try per request
+    (neither s3fs nor botocore retrying on its own), bounded within the fetch budget, so that a frozen store is
+    a failed try, not a wait: our retries are the policy."""
     options: dict[str, Any] = {"skip_instance_cache": True}
-    if protocol in ("s3", "s3a"):
+    s3 = url.split("://", 1)[0] in ("s3", "s3a")
+    if s3:
         bounds = {"connect_timeout": min(5.0, timeout_s), "read_timeout": min(30.0, timeout_s)}
         options["config_kwargs"] = {**bounds, "retries": {"max_attempts": 1}}
-    return options
+    try:
+        fs, root = url_to_fs(url, **options)
+    except (ImportError, ValueError) as e:  # fsspec: a protocol it does not know, or one whose package is missing
+        raise DatasetError(f"{url}: cannot be read ({e}); for s3:// install phalanx[s3]") from None
+    if s3:
+        fs.retries = 1  # s3fs's own loop, 5 tries by default
+    return fs, root.rstrip("/")
 
 
 def refused(what: str, error: BaseException) -> None:
@@ -103,8 +104,8 @@ class CacheSettings:
     keep failing to arrive: the spec's ``data.cache_dir``, ``cache_bytes`` and ``fetch_timeout_s``."""
 
     root: Path = field(default_factory=lambda: default_cache_dir())
-    budget: int = 64 << 30
-    fetch_timeout_s: float = 300.0
+    budget: int = Data.model_fields["cache_bytes"].default
+    fetch_timeout_s: float = Data.model_fields["fetch_timeout_s"].default
     sharers: int = field(default_factory=lambda: int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
@@ -127,13 +128,7 @@ def open_dataset(
 
 def open_remote(url: str, settings: CacheSettings) -> TokenDataset:
     """A remote dataset, once its index is read and every shard object found there, of its size."""
-    try:
-        fs, root = url_to_fs(url, **store_options(url.split("://", 1)[0], settings.fetch_timeout_s))
-    except (ImportError, ValueError) as e:  # fsspec: a protocol it does not know, or one whose package is missing
-        raise DatasetError(f"{url}: cannot be read ({e}); for s3:// install phalanx[s3]") from None
-    if hasattr(fs, "retries"):  # s3fs tries a request 5 times itself: one try each, our loop is the policy
-        fs.retries = 1
-    root = root.rstrip("/")
+    fs, root = open_store(url, settings.fetch_timeout_s)
     name = f"{url.rstrip('/')}/{INDEX}"
     try:
         raw = fetch_with_retries(name, lambda: fs.cat_file(f"{root}/{INDEX}"), settings.fetch_timeout_s)
@@ -284,7 +279,7 @@ class RemoteShards:
                     failed.append(i)
                     continue
                 shard, chunk = self._locate(i)
-                if (found := digest(self.algorithm[shard], data)) != self.digests[shard][chunk]:
+                if (found := bytes_digest(data, self.algorithm[shard])) != self.digests[shard][chunk]:
                     bad[i] = bad.get(i, 0) + 1
                     if bad[i] >= CORRUPT_TRIES:
                         raise DatasetError(
@@ -367,7 +362,7 @@ class RemoteShards:
                 self.fetch([i])
                 continue
             shard, chunk = self._locate(i)
-            if digest(self.algorithm[shard], tokens) == self.digests[shard][chunk]:
+            if bytes_digest(tokens, self.algorithm[shard]) == self.digests[shard][chunk]:
                 break
             self.cache.drop(path)  # bad bytes on this disk: fetch it again
             bad += 1

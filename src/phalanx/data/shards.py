@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
-import xxhash
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
-from phalanx.storage import file_digest
+from phalanx.storage import bytes_digest, file_digest
 
 FORMAT = "phalanx-tokens-v1"
 INDEX = "index.json"
@@ -39,7 +38,7 @@ def is_url(path: str | Path) -> bool:
 def chunk_digests(data: bytes, chunk_bytes: int) -> list[str]:
     """The xxh3_128 checksum of each ``chunk_bytes`` piece of a shard's bytes, as the index records them."""
     view = memoryview(data)
-    return [xxhash.xxh3_128_hexdigest(view[i : i + chunk_bytes]) for i in range(0, max(1, len(data)), chunk_bytes)]
+    return [bytes_digest(view[i : i + chunk_bytes], "xxh3_128") for i in range(0, max(1, len(data)), chunk_bytes)]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -55,11 +55,11 @@ def _data_issues(spec: JobSpec, vocab_size: int, cwd: str | None, remote: bool) 
     if spec.data is None or spec.train is None:
         return []
     issues, seq_len = [], spec.train.seq_len
+    settings = CacheSettings(fetch_timeout_s=min(REMOTE_CHECK_S, spec.data.fetch_timeout_s))
     for i, source in enumerate(spec.data.sources):
         if source.path.startswith(PREFIX) or (is_url(source.path) and not remote):
             continue  # built-in (prepared by the workers on first use), or remote and left to the workers
         field = f"data.sources.{i}.path"
-        settings = CacheSettings(fetch_timeout_s=min(REMOTE_CHECK_S, spec.data.fetch_timeout_s))
         try:
             path = source.path if is_url(source.path) else os.path.join(cwd or "", source.path)
             ds = open_dataset(path, "size", settings)
