@@ -1,16 +1,22 @@
 """phalanx's scheduler against the baselines on Philly's October and November 2017 (bench/RESULTS.md,
 docs/scheduling.md).
 
-    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--out section.md]
+    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--sections policies,types] [--out section.md]
 
 1. Each month on a cluster it loads (October: 640 GPUs = 80 nodes x 8 in 10 racks; November, a quieter month:
    448 GPUs in 7 racks), the virtual clusters as tenants of one cohort with quotas from their GPU-time before
    the month, checkpoints every 30 min, commits of 20 s + 1.25 s per GPU, restarts 60 s; once per seed, every
    policy in the same run: ratios of phalanx to the baselines, mean +- sd over the seeds. Then phalanx and
    Tiresias-like again at a pessimistic setting: commits of 300 s + 1.25 s per GPU, restarts 300 s.
+   Then, on the same decisions' throughput: 2. below.
 2. Decision throughput of the core on a synthetic 10,000-GPU cluster (1,250 nodes x 8, racks of 16 nodes,
    200 tenants, 50,000 pending jobs of Philly's size mix), on one core: the round that fills the empty
    cluster, rounds after single job ends, and a round that plans reclaim preemptions.
+3. (section "types", a report of its own) Each month on a fleet of three GPU types with the same GPUs: equal
+   thirds of V100, P100 and K80 nodes, each job a workload of Gavel's table (OSDI'20: its measured rates on
+   each type; sim/fleet.py) drawn per seed, the trace's durations taken as the P100's; phalanx against its own
+   policy with types ignored and Kueue-like with its flavors tried in order (fastest first). October is the
+   month its knobs were tuned on; November is held out.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 from _report import Report
 
 from phalanx.control.scheduler import Cluster, Job, Node, PredictiveLas, Queue, State, Tenant
+from phalanx.control.sim.fleet import gavel_fleet
 from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
 from phalanx.control.sim.simulator import ReplayCosts, split_gpus
@@ -93,6 +100,65 @@ def compare(report: Report, trace: Path, seeds: int) -> None:
                      [s["phalanx"].lost_share for s in pessimistic], "<= 0.005", unit="")  # fmt: skip
         report.ratio(f"{month}, pessimistic: phalanx / tiresias-like, avg JCT",
                      ratio(pessimistic, "avg_jct", "tiresias-like"), "<= 0.95")  # fmt: skip
+
+
+FLEET_POLICIES = ["phalanx", "phalanx-types-ignored", "kueue-like"]
+TYPE_NAMES = [t.name for t in gavel_fleet(64).types]
+
+
+def fleets(report: Report, trace: Path, seeds: int) -> None:
+    """Each month on three GPU types: a table of means +- sd over the seeds, each policy's share of its
+    GPU-time on each type, and the ratios of average JCT."""
+    columns = [c for c in COLUMNS if c[1] in ("avg_jct", "p50_jct", "p99_jct", "wait_1gpu", "wait_big", "lost_share",
+                                              "preemptions_per_job")]  # fmt: skip
+    for month, start, end, racks in MONTHS:
+        base = Scenario(trace, start, end, racks=racks, fleet=gavel_fleet(racks * 64))
+        per_seed, shares, floors, took = [], [], [], []
+        for seed in range(seeds):
+            began = time.monotonic()
+            results = replay(replace(base, seed=seed), FLEET_POLICIES, workers=2)
+            took.append(time.monotonic() - began)
+            per_seed.append({name: metrics(r) for name, r in results.items()})
+            shares.append({name: _type_shares(r.shared.records.values()) for name, r in results.items()})
+            floors.append(_best_type_floor(results["phalanx"].shared.records.values(), base))
+            print(f"{month} on three types, seed {seed}: {took[-1]:.0f} s", file=sys.stderr, flush=True)
+        rows = []
+        for name in FLEET_POLICIES:
+            ms = [seed[name] for seed in per_seed]
+            row = [name] + [mean_sd([getattr(m, attr) for m in ms], fmt) for _, attr, fmt in columns]
+            rows.append(row + [mean_sd([s[name][t] for s in shares], "{:.0%}") for t in TYPE_NAMES])
+        headings = [heading for heading, _, _ in columns] + [f"GPU-time on {t}" for t in TYPE_NAMES]
+        report.table([f"{month}, {base.gpus} GPUs: {' / '.join(map(str, base.fleet.nodes))} nodes of "
+                      f"{' / '.join(TYPE_NAMES)}", *headings], rows)  # fmt: skip
+        held = "tuned on" if month == MONTHS[0][0] else "held out"
+        report.ratio(f"{month} ({held}): phalanx / phalanx-types-ignored, avg JCT",
+                     ratio(per_seed, "avg_jct", "phalanx-types-ignored"), "<= 0.7")  # fmt: skip
+        report.ratio(f"{month} ({held}): phalanx / kueue-like (flavors in order), avg JCT",
+                     ratio(per_seed, "avg_jct", "kueue-like"))  # fmt: skip
+        report.ratio(f"{month} ({held}): phalanx / phalanx-types-ignored, p99 JCT",
+                     ratio(per_seed, "p99_jct", "phalanx-types-ignored"))  # fmt: skip
+        report.note(
+            f"{month}: every job on its fastest type from its submit, never waiting, would average "
+            f"{mean_sd(floors)} s (the floor of any policy's average JCT). One seed's three replays (2 processes): "
+            f"{mean_sd(took)} s."
+        )
+
+
+def _type_shares(records) -> dict[str, float]:
+    held: dict[str, float] = dict.fromkeys(TYPE_NAMES, 0.0)
+    for record in records:
+        for gpu_type, gpu_s in record.gpu_s_by_type.items():
+            for part in gpu_type.split("+"):
+                held[part] += gpu_s / len(gpu_type.split("+"))
+    total = sum(held.values()) or 1.0
+    return {t: v / total for t, v in held.items()}
+
+
+def _best_type_floor(records, scenario: Scenario) -> float:
+    jobs = {job.id: job for job in scenario.jobs()[0]}
+    truth = scenario.fleet.truth
+    best = [r.duration / max(truth.speed(jobs[r.id].kind, t) for t in jobs[r.id].gpu_types) for r in records]
+    return statistics.fmean(best)
 
 
 def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, PredictiveLas]:
@@ -175,8 +241,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
+    parser.add_argument("--sections", default="policies,types", help="policies (with the throughput), types")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     trace = args.traces / "philly_pollux_jobs.csv"
     if not trace.is_file():
         sys.exit(f"{trace}: not found; give --traces, the folder holding philly_pollux_jobs.csv")
@@ -193,9 +261,27 @@ def main() -> None:
         "count every time a job is pending, after preemptions too. rho: a tenant whose quota cannot carry its "
         "month's GPU-time alone is not replayed alone; its jobs count as rho <= 1.",
     )
-    compare(report, trace, args.seeds)
-    throughput(report)
-    report.finish(args.out)
+    if "policies" in sections:
+        compare(report, trace, args.seeds)
+        throughput(report)
+        report.finish(args.out)
+    if "types" in sections:
+        typed = Report(
+            "Scheduler on several GPU types",
+            "python bench/scheduler.py --sections types",
+            "Philly's October 2017 (640 GPUs) and November 2017 (448 GPUs), as in the section above, on the same "
+            "number of GPUs in equal thirds of V100, P100 and K80 nodes (8 GPUs each, racks of one type). Each "
+            "job is given a workload of Gavel's job table (Narayanan et al., OSDI'20; their measured steps/s "
+            "of each model on each type, alone, at 1, 2, 4 and 8 GPUs: src/phalanx/control/sim/"
+            "gavel_throughputs.json, MIT licence), drawn per seed among those measured at its size (the largest "
+            "measured size within it); it runs at that workload's rate on each type, its trace duration being "
+            "its time on a P100, and it may not run where Gavel measured 0 (it does not fit). phalanx learns "
+            "the rates from the runs (the speed table, seeded by peak FLOP/s), as the server does; the baselines "
+            "know nothing of them. Quotas, costs and checkpoints as above; no tenant is replayed alone, so no "
+            f"rho. {args.seeds} seeds: mean +- sd; ratios per seed, median and range.",
+        )
+        fleets(typed, trace, args.seeds)
+        typed.finish(args.out.with_name(args.out.stem + "-types.md") if args.out else None)
 
 
 if __name__ == "__main__":

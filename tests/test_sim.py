@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.control.scheduler import POLICIES
+from phalanx.control.sim.fleet import gavel_fleet
 from phalanx.control.sim.scenario import Scenario, replay
 from phalanx.control.sim.trace import TraceError, philly, quotas
 from phalanx.resilience.simulate import (
@@ -85,6 +86,25 @@ def test_every_policy_finishes_every_job_and_phalanx_beats_fifo(tmp_path: Path) 
     assert phalanx.lost_gpu_s <= 0.01 * phalanx.used_gpu_s
 
 
+def test_on_three_gpu_types_every_job_runs_where_it_fits_and_no_faster_than_its_best_type(tmp_path: Path) -> None:
+    """Gavel's fleet: every job ends, none ever ran on a type where its workload does not fit, none finished
+    sooner than its work at its best type's pace; phalanx's speed table learned from the runs."""
+    trace = _trace(tmp_path / "t.csv")
+    scenario = Scenario(trace, "2017-10-01", "2017-10-03", racks=2, fleet=gavel_fleet(128))
+    jobs = {job.id: job for job in scenario.jobs()[0]}
+    truth = scenario.fleet.truth
+    assert any(len(job.gpu_types) < 3 for job in jobs.values())  # some workloads do not fit on K80s
+    for name, result in replay(scenario, ["phalanx", "phalanx-types-ignored", "kueue-like"], workers=2).items():
+        for r in result.shared.records.values():
+            job = jobs[r.id]
+            assert r.finish is not None and set(r.gpu_s_by_type) <= set(job.gpu_types), (name, r)
+            assert r.jct >= r.duration / max(truth.speed(job.kind, t) for t in job.gpu_types) - 1e-6, (name, r)
+        assert result.alone_jct == {}  # no tenant alone on a fleet of types: no rho
+    small = replace(scenario, fleet=gavel_fleet(64))  # 24, 24 and 16 GPUs of a type: 32-GPU jobs never fit
+    with pytest.raises(ValueError, match=r"job\(s\) can never start on this cluster, such as philly-\d+ \(32 GPUs\)"):
+        replay(small, ["kueue-like"], workers=1)
+
+
 def test_phalanx_sim_prints_one_row_per_policy_and_refuses_a_missing_trace(tmp_path: Path) -> None:
     trace = _trace(tmp_path / "t.csv", jobs=200)
     cmd = [sys.executable, "-m", "phalanx", "sim", "trace", str(trace), "--end", "2017-10-03", "--racks", "1"]
@@ -96,6 +116,12 @@ def test_phalanx_sim_prints_one_row_per_policy_and_refuses_a_missing_trace(tmp_p
     assert missing.returncode == 2 and "nope.csv: no such trace file" in missing.stderr
     bad = subprocess.run([*cmd, "--policies", "sjf"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown polic(ies) ['sjf']" in bad.stderr
+    typed = subprocess.run([*cmd[:-1], "2", "--fleet-gavel", "--policies", "phalanx,phalanx-types-ignored"],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert typed.returncode == 0, typed.stderr
+    rows = [line.split("│") for line in typed.stdout.splitlines() if line.startswith("│")]
+    assert [row[1].strip() for row in rows] == ["phalanx", "phalanx-types-ignored"]
+    assert all(row[-3].strip() == "-" for row in rows)  # rho: no tenant replayed alone on a fleet of types
 
 
 def test_goodput_simulation_matches_young_daly_and_ranks_the_strategies() -> None:

@@ -37,11 +37,17 @@ def sim_trace(
     ),
     limit: int | None = typer.Option(None, help="replay only the first N jobs (a quick look)", min=1),
     workers: int = typer.Option(2, help="processes to replay policies and tenants in", min=1),
+    fleet: bool = typer.Option(
+        False,
+        "--fleet-gavel",
+        help="the same GPUs as equal thirds of V100, P100 and K80 nodes, at Gavel's measured rates",
+    ),
 ) -> None:
     """Replay a GPU-cluster trace through phalanx's scheduler and the baselines on the same simulated cluster;
     print one row per policy (docs/scheduling.md explains the columns)."""
     import time
 
+    from phalanx.control.sim.fleet import gavel_fleet
     from phalanx.control.sim.report import COLUMNS, metrics, rows
     from phalanx.control.sim.scenario import Scenario, replay
     from phalanx.control.sim.simulator import ReplayCosts
@@ -51,6 +57,7 @@ def sim_trace(
     scenario = Scenario(
         trace, start, end, racks, nodes_per_rack, gpus_per_node, borrowing,
         ReplayCosts(restart_s, commit_s, commit_s_per_gpu, checkpoint_every_s), seed, limit,
+        gavel_fleet(racks * nodes_per_rack * gpus_per_node, gpus_per_node) if fleet else None,
     )  # fmt: skip
     began = time.monotonic()
     try:

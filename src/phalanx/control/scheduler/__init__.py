@@ -3,24 +3,27 @@ the control plane and the trace simulator run the same decisions."""
 
 from phalanx.control.scheduler.actuate import Actuator, apply
 from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
-from phalanx.control.scheduler.cluster import Cluster, Node
+from phalanx.control.scheduler.cluster import ANY_TYPE, Cluster, GpuType, Node
 from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
-from phalanx.control.scheduler.policy import PredictiveLas
+from phalanx.control.scheduler.policy import PredictiveLas, TypesIgnored
 from phalanx.control.scheduler.predict import DurationPredictor
 from phalanx.control.scheduler.service import Levels
+from phalanx.control.scheduler.speeds import Speeds
 from phalanx.control.scheduler.state import Policy, Queue, State
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveLas, Fifo, KueueLike, TiresiasLike)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveLas, TypesIgnored, Fifo, KueueLike, TiresiasLike)}
 
 __all__ = [
+    "ANY_TYPE",
     "POLICIES",
     "Actuator",
     "Admit",
     "Cluster",
     "DurationPredictor",
     "Fifo",
+    "GpuType",
     "Job",
     "KueueLike",
     "Levels",
@@ -33,9 +36,11 @@ __all__ = [
     "Queue",
     "Round",
     "Run",
+    "Speeds",
     "State",
     "Tenant",
     "TiresiasLike",
+    "TypesIgnored",
     "Wait",
     "apply",
     "place",

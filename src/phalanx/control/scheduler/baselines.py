@@ -1,9 +1,11 @@
 """The baselines the simulator measures phalanx against, on the same cluster, placement and cost model:
 
 - ``Fifo``: one queue in submit order; the head waits for room and everything waits behind it.
-- ``KueueLike``: Kueue's BestEffortFIFO ClusterQueues (a job that cannot start is passed over), cohort
-  borrowing (jobs within their quota first), classic preemption (reclaim from borrowers and lower priority;
-  victims the lowest priority, then the most recently admitted), no cycle guard.
+- ``KueueLike``: Kueue's BestEffortFIFO ClusterQueues (a job that cannot start is passed over), its
+  ResourceFlavors (GPU types) tried in the order listed, cohort borrowing (jobs within their quota first),
+  classic preemption (reclaim from borrowers and lower priority; victims the lowest priority, then the most
+  recently admitted), no cycle guard.
+- ``Fifo`` and ``TiresiasLike`` know nothing of GPU types: a gang takes the best fit of any one type.
 - ``TiresiasLike``: discretised two-dimensional LAS (Tiresias, NSDI'19) as its authors' simulator runs it: two
   queues by GPU-time executed since the last reset (service.py), first come first served within a queue; a
   waiting job of a better queue preempts running jobs of worse ones, the latest comer first. No quotas.
@@ -58,8 +60,8 @@ class KueueLike:
                 borrowing, why = snap.quota(job)
                 if snap.seen(job) or borrowing != borrowing_pass:
                     continue
-                if why is None and (placement := snap.place(job)) is not None:
-                    snap.admit(job, placement, borrowing)
+                if why is None and (placement := snap.place(job, snap.types_of(job))) is not None:
+                    snap.admit(job, placement, borrowing)  # its flavors (GPU types) tried in order
                     continue
                 snap.wait(job, "quota" if why else "placement", why or "no room")
                 if not borrowing:

@@ -1,9 +1,25 @@
-"""The fleet as the scheduler sees it: nodes with GPUs, grouped in racks, and how many GPUs each has free."""
+"""The fleet as the scheduler sees it: nodes with GPUs of one type each, grouped in racks, and how many GPUs
+each has free."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+ANY_TYPE = "gpu"  # the type of a node whose GPUs nobody named: a fleet of one kind
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """An accelerator model as the operator describes it. ``tflops`` (dense 16-bit peak per GPU) seeds how fast
+    a job runs on it before any job has run there (speeds.py); the prices are per GPU-hour."""
+
+    name: str
+    tflops: float = 0.0
+    memory_gib: float = 0.0
+    vendor: str = "nvidia"
+    price_per_gpu_h: float = 0.0
+    spot_price_per_gpu_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -11,15 +27,16 @@ class Node:
     name: str
     rack: str
     gpus: int
+    gpu_type: str = ANY_TYPE
 
 
 class Cluster:
     """Nodes and their free GPUs. ``allocate`` and ``release`` take a placement ({node: GPUs}); an allocation
-    that does not fit is an error, never a silent overcommit. Nodes are also indexed by how many GPUs they
-    have free (``by_free``, insertion-ordered for determinism), so a job that fits on one node finds its
-    tightest node without a scan of the fleet."""
+    that does not fit is an error, never a silent overcommit. Nodes are also indexed, per GPU type, by how many
+    GPUs they have free (``by_free``, insertion-ordered for determinism), so a job that fits on one node finds
+    its tightest node of a type without a scan of the fleet."""
 
-    def __init__(self, nodes: Iterable[Node], unit: str = "GPUs"):
+    def __init__(self, nodes: Iterable[Node], unit: str = "GPUs", types: Iterable[GpuType] = ()):
         self.unit = unit  # what a node's count counts, in the scheduler's words: GPUs, or CPU slots ("slots")
         self.nodes: dict[str, Node] = {}
         for node in nodes:
@@ -28,13 +45,23 @@ class Cluster:
             if node.gpus < 0:
                 raise ValueError(f"node {node.name!r}: {node.gpus} GPUs; a node has 0 or more")
             self.nodes[node.name] = node
+        self.types: dict[str, GpuType] = {}  # the fleet's types, in the order given, then in the nodes' order
+        for gpu_type in types:
+            if gpu_type.name in self.types:
+                raise ValueError(f"GPU type {gpu_type.name!r} is listed twice")
+            self.types[gpu_type.name] = gpu_type
+        self.typed: dict[str, list[str]] = {name: [] for name in self.types}  # type -> its nodes
+        for name, node in self.nodes.items():
+            self.types.setdefault(node.gpu_type, GpuType(node.gpu_type))
+            self.typed.setdefault(node.gpu_type, []).append(name)
         self.free: dict[str, int] = {}
-        self.by_free: dict[int, dict[str, None]] = {}
+        self.by_free: dict[str, dict[int, dict[str, None]]] = {t: {} for t in self.types}
         self.racks: dict[str, list[str]] = {}
         for name, node in self.nodes.items():
             self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
         self.largest = max((node.gpus for node in self.nodes.values()), default=0)  # GPUs of the biggest node
+        self.type_gpus = {t: sum(self.nodes[n].gpus for n in names) for t, names in self.typed.items()}
 
     @classmethod
     def uniform(cls, racks: int, nodes_per_rack: int, gpus_per_node: int) -> Cluster:
@@ -46,13 +73,20 @@ class Cluster:
         """The same nodes with their free GPUs now: a view that work can be tried on (a round's admissions, a
         preemption's what-if) without touching this one."""
         view = object.__new__(Cluster)
-        view.nodes, view.racks, view.largest, view.unit = self.nodes, self.racks, self.largest, self.unit
-        view.free, view.by_free = dict(self.free), {k: dict(names) for k, names in self.by_free.items()}
+        view.__dict__.update(self.__dict__)  # what never changes is shared
+        view.free = dict(self.free)
+        view.by_free = {t: {k: dict(names) for k, names in index.items()} for t, index in self.by_free.items()}
         return view
 
     def of(self, count: int) -> str:
         """``count`` in the cluster's unit: "1 GPU", "4 slots"."""
         return f"{count} {self.unit if count != 1 else self.unit.removesuffix('s')}"
+
+    def type_of(self, placement: Mapping[str, int]) -> str:
+        """The GPU type of a placement's nodes; a gang over several types runs at the pace of its slowest
+        (``speeds.Speeds.slowest``), so a mixed placement is named by its types joined with "+"."""
+        types = sorted({self.nodes[name].gpu_type for name in placement})
+        return "+".join(types)
 
     @property
     def total_gpus(self) -> int:
@@ -78,7 +112,8 @@ class Cluster:
             self._set(name, self.free[name] + gpus)
 
     def _set(self, name: str, free: int) -> None:
+        index = self.by_free[self.nodes[name].gpu_type]
         if name in self.free:
-            del self.by_free[self.free[name]][name]
+            del index[self.free[name]][name]
         self.free[name] = free
-        self.by_free.setdefault(free, {})[name] = None
+        index.setdefault(free, {})[name] = None

@@ -40,10 +40,16 @@ class Job:
     preempted_by: frozenset[str] = frozenset()
     queued_at: float | None = None  # when it was last queued; None: at submit
     ran: tuple[tuple[float, float], ...] = ()  # its earlier runs, (started, ended) each: what LAS policies read
+    kind: str = ""  # its class for the speed table (speeds.py): jobs of a kind run alike on each GPU type
+    gpu_types: tuple[str, ...] = ()  # the GPU types it may run on; empty: any
+    prefer: tuple[str, ...] = ()  # of those, the ones it would rather have, best first
+    mix_types: bool = False  # one gang may span GPU types (it runs at the pace of the slowest)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.per_worker < 1:
             raise ValueError(f"job {self.id!r}: {self.workers} worker(s) x {self.per_worker} GPU(s); both >= 1")
+        if stray := set(self.prefer) - set(self.gpu_types or self.prefer):
+            raise ValueError(f"job {self.id!r}: prefers {sorted(stray)}, which its gpu_types {self.gpu_types} exclude")
 
     @property
     def gpus(self) -> int:

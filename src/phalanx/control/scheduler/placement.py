@@ -6,11 +6,14 @@ workers are identical, so the fewest nodes come from taking the nodes that hold 
 last node taken is then the tightest one that still holds the rest (best fit: the big holes stay open for
 big jobs). The one rack that fits with the fewest nodes and the least left over is taken; if no rack can hold
 the job, the fewest nodes of any racks, those of the racks with the most room first.
+
+``types`` limits the pool to nodes of those GPU types. A gang runs at the pace of its slowest GPU, so the
+policies place a gang on one type at a time, and pass several only for a job whose spec lets it mix them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from phalanx.control.scheduler.cluster import Cluster
@@ -25,14 +28,17 @@ class Placement:
         return len(self.gpus)
 
 
-def place(cluster: Cluster, workers: int, per_worker: int) -> Placement | None:
-    """Where ``workers`` x ``per_worker`` GPUs fit right now, or None if they do not."""
+def place(cluster: Cluster, workers: int, per_worker: int, types: Collection[str] | None = None) -> Placement | None:
+    """Where ``workers`` x ``per_worker`` GPUs fit right now on nodes of ``types`` (None: of any type), or None
+    if they do not."""
     if workers <= 0 or per_worker <= 0:
         raise ValueError(f"a gang of {workers} worker(s) x {per_worker} GPU(s): both must be at least 1")
-    one = _tightest_node(cluster, workers * per_worker)
+    types = cluster.typed.keys() if types is None else [t for t in types if t in cluster.typed]
+    one = _tightest_node(cluster, workers * per_worker, types)
     if one is not None:
         return Placement({one: workers * per_worker})
-    slots = {name: free // per_worker for name, free in cluster.free.items() if free >= per_worker}
+    free = cluster.free
+    slots = {n: free[n] // per_worker for t in types for n in cluster.typed[t] if free[n] >= per_worker}
     best = None  # ((nodes, GPUs left over, rack), its nodes) of the best single rack
     for rack, names in cluster.racks.items():
         chosen = _fewest([n for n in names if n in slots], slots, cluster.free, workers)
@@ -49,11 +55,16 @@ def place(cluster: Cluster, workers: int, per_worker: int) -> Placement | None:
     return _placement(chosen, slots, workers, per_worker) if chosen is not None else None
 
 
-def _tightest_node(cluster: Cluster, gpus: int) -> str | None:
-    """The node with the fewest free GPUs that still holds ``gpus`` (one node is the fewest), from the index."""
-    for free in sorted(k for k, names in cluster.by_free.items() if k >= gpus and names):
-        return next(iter(cluster.by_free[free]))
-    return None
+def _tightest_node(cluster: Cluster, gpus: int, types: Collection[str]) -> str | None:
+    """The node of ``types`` with the fewest free GPUs that still holds ``gpus`` (one node is the fewest), from
+    the index; among types with as few, the first."""
+    best: tuple[int, str] | None = None
+    for gpu_type in types:
+        index = cluster.by_free[gpu_type]
+        free = min((k for k, names in index.items() if k >= gpus and names), default=None)
+        if free is not None and (best is None or free < best[0]):
+            best = (free, next(iter(index[free])))
+    return best[1] if best is not None else None
 
 
 def _fewest(

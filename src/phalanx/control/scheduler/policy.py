@@ -26,6 +26,11 @@ A round, given the state and the time:
    restart, per GPU) stays within ``budget`` of the GPU-time given out. A reclaim (owed to the tenant) and a
    priority (its own order, or its borrowed GPUs) are never refused; they count toward it.
 
+On a fleet of several GPU types (docs/scheduling.md), each gang goes on one type: the fastest with room for
+its kind by the speed table (speeds.py), a slower one only after a bounded wait for a faster one (ski
+rental), and a run on a slower type moves up when faster GPUs are left free and what is left of it gains
+several times the move's cost (a preemption for itself, within the budget).
+
 Why this shape: on Philly's months it is 2.5-4% ahead of faithful Tiresias on average JCT, with under a third of its
 lost GPU-time, and it stays within its budget when preemption is expensive, where Tiresias thrashes
 (docs/scheduling.md, bench/RESULTS.md). Ordering by fair share or holding reservations for big jobs did not
@@ -60,6 +65,9 @@ class PredictiveLas:
     victims_read: int = 512  # runs a round reads as possible victims, the cheapest first
     cost: PreemptionCost = field(default_factory=PreemptionCost)  # the operator sets the cluster's
     budget: float = 0.004  # least-service preemptions stop when preemptions cost this share of the GPU-time given
+    speed_aware: bool = True  # choose GPU types by the speed table; False: the best fit, as if types were alike
+    wait_for_speed: float = 0.1  # a job waits for a faster type up to this share of what the slower costs it
+    move_gain: float = 4.0  # a run moves to a faster free type when that saves it this many times the move's cost
 
     @cached_property
     def levels(self) -> Levels:
@@ -75,7 +83,7 @@ class PredictiveLas:
         snap = Snapshot(state, now)
         for job in sorted((state.queue.jobs[j] for j in state.first), key=lambda job: (*self.key(job), job.id)):
             borrowing, why = snap.quota(job)
-            if why is None and (placement := snap.place(job)) is not None:
+            if why is None and (placement := snap.place(job, self._types(snap, job))) is not None:
                 snap.admit(job, placement, borrowing)
         making_room = {state.running[r].evicting_for: r for r in sorted(state.leaving, reverse=True)}
         for job_id in sorted(making_room.keys() & state.queue.jobs.keys()):
@@ -93,21 +101,47 @@ class PredictiveLas:
             borrowing, why = snap.quota(job)
             if why is not None:
                 snap.wait(job, "quota", why)
-            elif (placement := snap.place(job)) is not None:
+            elif (placement := snap.place(job, types := self._types(snap, job))) is not None:
                 snap.admit(job, placement, borrowing)
                 continue
             else:
-                snap.wait(job, "placement", f"no room for {_shape(job, snap.cluster)}")
+                snap.wait(job, "placement", self._no_room(snap, job, types))
             if len(blocked) < 2 * self.plans_per_round:
                 blocked.append((job, level))
         blocked += self._reclaimers(snap, {job.id for job, _ in blocked})
-        self._preempt(snap, [(job, level) for job, level in blocked if job.id not in making_room])
+        spent = self._preempt(snap, [(job, level) for job, level in blocked if job.id not in making_room])
+        self._move_up(snap, spent)
         snap.round.otherwise = (
             f"no room: {snap.cluster.free_gpus} of {snap.cluster.of(snap.cluster.total_gpus)} free"
             if snap.nothing_fits()
             else "not reached this round: the jobs ahead of it in the queue took what was free"
         )
         return snap.round
+
+    def _types(self, snap: Snapshot, job: Job) -> list[str] | None:
+        """The GPU types ``job`` takes now, in order: those it prefers, then the fastest first by the speed
+        table. A type slower than its fastest only once it has waited ``wait_for_speed`` of what that type
+        would cost it (ski rental: its predicted duration x (the fastest's speed / that type's - 1)). None
+        when types are ignored: the best fit of any."""
+        if not self.speed_aware:
+            return None
+        allowed = snap.types_of(job)
+        if len(allowed) < 2:
+            return allowed
+        speed = snap.state.speeds.relative(job.kind, allowed)
+        waited = max(0.0, snap.now - (job.queued_at if job.queued_at is not None else job.submitted))
+        slower_costs = job.predicted_s * self.wait_for_speed
+        floor = slower_costs / (slower_costs + waited) if slower_costs > 0 else 0.0
+        ranked = sorted(allowed, key=lambda t: (job.prefer.index(t) if t in job.prefer else len(job.prefer), -speed[t]))
+        return [t for t in ranked if t in job.prefer or speed[t] >= floor]
+
+    def _no_room(self, snap: Snapshot, job: Job, types: list[str] | None) -> str:
+        shape = _shape(job, snap.cluster)
+        if types is None or not (slower := [t for t in snap.types_of(job) if t not in types]):
+            return f"no room for {shape}"
+        speed = snap.state.speeds.relative(job.kind, snap.types_of(job))
+        waits = ", ".join(f"{t} ({speed[t]:.0%} of its speed)" for t in slower)
+        return f"no room for {shape} on {', '.join(types)}; it waits before taking a slower type: {waits}"
 
     def _ordered(self, state: State, now: float) -> Iterator[tuple[Job, int]]:
         """Pending jobs with their level now, in order: the queue's, with the jobs promoted since they were
@@ -137,9 +171,10 @@ class PredictiveLas:
         heads.sort(key=lambda head: (head[0], head[1].id))
         return [(job, self.levels.level(job, snap.now)) for _, job in heads[: self.plans_per_round]]
 
-    def _preempt(self, snap: Snapshot, blocked: list[tuple[Job, int]]) -> None:
+    def _preempt(self, snap: Snapshot, blocked: list[tuple[Job, int]]) -> float:
         """Plan room for the first blocked jobs, each from the cheapest runs it may take. The cheapest
-        ``victims_read`` runs are read once a round, with their level."""
+        ``victims_read`` runs are read once a round, with their level. Returns the GPU-seconds that every
+        preemption so far, these included, costs by the cost model."""
         state, now = snap.state, snap.now
         spent = self.cost.gpu_s(state.evicted_gpus, state.evicted_gpus_sq)
         allowed = self.budget * state.gpu_s_given(now)
@@ -189,20 +224,73 @@ class PredictiveLas:
                 break
             reclaiming = snap.held[job.tenant] + job.gpus <= snap.nominal(job.tenant)
             rules = rules_for(job, level, reclaiming)
-            victims = snap.victims(job, [run for run in pool if run.id in rules]) if rules else None
+            candidates = [run for run in pool if run.id in rules]
+            victims = snap.victims(job, candidates, self._types(snap, job)) if rules else None
             if not victims:
                 continue
             gpus = [run.job.gpus for run in victims]
             cost = self.cost.gpu_s(sum(gpus), sum(g * g for g in gpus))
             heuristic = any(rules[run.id] == "least service" for run in victims)  # the others are owed
             if heuristic and spent + cost > allowed:
-                snap.wait(job, "placement", f"no room for {_shape(job, snap.cluster)}; the preemption budget is spent")
+                snap.wait(
+                    job,
+                    "placement",
+                    f"{self._no_room(snap, job, self._types(snap, job))}; the preemption budget is spent",
+                )
                 continue
             spent += cost
             plans += 1
             snap.preempt(victims, job, lambda run, job=job, rules=rules: self._why(snap, job, run, rules[run.id]))
             names = ", ".join(run.id for run in victims)
             snap.wait(job, "preempting", f"making room: asked {names} to checkpoint and leave", victims[0].id)
+        return spent
+
+    def _move_up(self, snap: Snapshot, spent: float) -> None:
+        """GPUs of a faster type left free once the queue has had its turn: runs on a slower type that may use
+        them move there (checkpoint, leave, and take them first: ``State.requeue``), those that gain the most
+        first, when the time saved on what is left of them (expected: what the tenant's history predicts, or
+        as long again as they have run, whichever is more) is ``move_gain`` times the move's commit and restart.
+        A move is a preemption: the budget bounds it."""
+        cluster, state, now, speeds = snap.cluster, snap.state, snap.now, snap.state.speeds
+        if not self.speed_aware or len(cluster.typed) < 2:
+            return
+        free = {t: sum(k * len(names) for k, names in index.items()) for t, index in cluster.by_free.items()}
+        up = {t for t in free if free[t]}  # types with room: the runs read are those on a type slower than one
+        slower = [
+            h
+            for h, runs in state.runs_on.items()
+            if runs and "+" not in h and any(speeds.log_ratio(t, h) > 0 for t in up)
+        ]
+        allowed = self.budget * state.gpu_s_given(now)
+        moves = []
+        for here, run in ((h, state.running[r]) for h in slower for r in state.runs_on[h]):
+            job = run.job
+            if run.id in snap.leaving or job.mix_types:
+                continue
+            faster = [t for t in snap.types_of(job) if free[t] >= job.gpus and t != here]
+            if not faster:
+                continue
+            speed = state.speeds.relative(job.kind, [here, *faster])
+            best = max(faster, key=lambda t: speed[t])
+            if speed[best] <= speed[here]:
+                continue
+            ran = sum(b - a for a, b in job.ran) + now - run.started
+            saved = max(job.predicted_s - ran, ran) * (1 - speed[here] / speed[best])
+            cost_s = self.cost.commit(job.gpus) + self.cost.restart_s
+            if saved >= self.move_gain * cost_s:
+                moves.append((-saved * job.gpus, run.id, run, here, best, speed[best] / speed[here]))
+        for *_, run, here, best, gain in sorted(moves, key=lambda m: m[:2]):
+            job = run.job
+            cost = self.cost.gpu_s(job.gpus, job.gpus**2)
+            if spent + cost > allowed:
+                break
+            where = snap.place(job, [best])
+            if where is None:
+                continue
+            cluster.allocate(where.gpus)  # held for it this round; it takes them first once it has left
+            spent += cost
+            why = f"faster GPUs: {best} is free and runs it {gain:.1f}x as fast as {here}; it moves there"
+            snap.preempt([run], job, lambda _run, why=why: why)
 
     def _why(self, snap: Snapshot, job: Job, run: Run, rule: str) -> str:
         victim, now = run.job, snap.now
@@ -224,3 +312,12 @@ class PredictiveLas:
 
 def _shape(job: Job, cluster: Cluster) -> str:
     return f"{job.workers} x {cluster.of(job.per_worker)}" if job.workers > 1 else cluster.of(job.gpus)
+
+
+@dataclass(frozen=True)
+class TypesIgnored(PredictiveLas):
+    """phalanx's policy with GPU types ignored (each gang still on one type): the baseline that shows what
+    the speed table is worth."""
+
+    name: ClassVar[str] = "phalanx-types-ignored"
+    speed_aware: bool = False

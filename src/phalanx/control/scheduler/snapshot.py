@@ -3,8 +3,9 @@ decisions leave them, so that no two admissions of a round take the same GPUs or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+from phalanx.control.scheduler.cluster import Cluster
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Wait
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.state import State
@@ -22,7 +23,8 @@ class Snapshot:
         self.round = Round()
         self.admitted: set[str] = set()
         self._borrowers: set[str] | None = None  # tenants over their quota when the round's preemption began
-        self._unplaceable: dict[int, int] = {}  # per_worker -> the fewest workers that did not fit
+        self._types: dict[tuple[tuple[str, ...], ...], list[str]] = {}  # types_of, per (allowed, preferred)
+        self._unplaceable: dict[tuple[str, int], int] = {}  # (type, per_worker) -> the fewest workers that did not fit
 
     def nominal(self, tenant: str) -> int:
         return self.state.tenants[tenant].nominal_gpus
@@ -59,19 +61,54 @@ class Snapshot:
             self._borrowers = {t for t, held in self.held.items() if held > self.state.tenants[t].nominal_gpus}
         return self._borrowers
 
-    # placement -----------------------------------------------------------------------------------------------
-    def place(self, job: Job) -> Placement | None:
-        """Where the whole gang fits in the round's cluster; a shape that did not fit is remembered, since GPUs
-        only get taken within a round."""
-        if job.workers >= self._unplaceable.get(job.per_worker, 1 << 30) or job.gpus > self.free:
+    # placement ---------------------------------------------------------------------------------------------------
+    def types_of(self, job: Job) -> list[str]:
+        """The GPU types ``job`` may run on: those it prefers, best first, then the others in the fleet's order."""
+        key = (job.gpu_types, job.prefer)
+        if (types := self._types.get(key)) is None:
+            allowed = [t for t in self.cluster.types if not job.gpu_types or t in job.gpu_types]
+            rank = {t: i for i, t in enumerate(job.prefer)}
+            types = self._types[key] = sorted(allowed, key=lambda t: rank.get(t, len(rank)))
+        return types
+
+    def place(self, job: Job, types: Sequence[str] | None = None) -> Placement | None:
+        """Where the whole gang fits in the round's cluster: on the first of ``types`` where it fits (the
+        policy's order); None: the best fit over the job's types, as a policy that does not tell types apart
+        places it. A gang never spans types unless the job allows it, and then only when no one type holds it.
+        A shape that did not fit on a type is remembered, since GPUs only get taken within a round."""
+        if job.gpus > self.free:
             return None
-        placement = place(self.cluster, job.workers, job.per_worker)
+        if types is None:
+            fits = [where for t in self.types_of(job) if (where := self._on(job, t)) is not None]
+            free = self.cluster.free
+            best = min(fits, key=lambda where: (where.nodes, sum(free[n] for n in where.gpus)), default=None)
+        else:
+            best = next((where for t in types if (where := self._on(job, t)) is not None), None)
+        if best is None and job.mix_types and len(pool := self.types_of(job) if types is None else types) > 1:
+            best = place(self.cluster, job.workers, job.per_worker, pool)  # no one type holds it
+        return best
+
+    def _on(self, job: Job, gpu_type: str) -> Placement | None:
+        shape = (gpu_type, job.per_worker)
+        if job.workers >= self._unplaceable.get(shape, 1 << 30):
+            return None
+        placement = place(self.cluster, job.workers, job.per_worker, (gpu_type,))
         if placement is None:
-            self._unplaceable[job.per_worker] = min(job.workers, self._unplaceable.get(job.per_worker, 1 << 30))
+            self._unplaceable[shape] = min(job.workers, self._unplaceable.get(shape, 1 << 30))
         return placement
 
+    @staticmethod
+    def _fit(cluster: Cluster, job: Job, types: Sequence[str]) -> Placement | None:
+        """The gang on the first of ``types`` that holds it; then, if it may mix them, on all of them."""
+        for gpu_type in types:
+            if (where := place(cluster, job.workers, job.per_worker, (gpu_type,))) is not None:
+                return where
+        return place(cluster, job.workers, job.per_worker, types) if job.mix_types and len(types) > 1 else None
+
     def nothing_fits(self) -> bool:
-        return self.free == 0 or self._unplaceable.get(1) == 1
+        return self.free == 0 or all(
+            self._unplaceable.get((t, 1)) == 1 for t in self.cluster.typed if self.cluster.typed[t]
+        )
 
     def seen(self, job: Job) -> bool:
         return job.id in self.round.waits or job.id in self.admitted
@@ -98,11 +135,14 @@ class Snapshot:
         own = max(0, self.held[tenant.name] + job.gpus - tenant.nominal_gpus - limit)
         return own, max(0, self.cohort_held[tenant.cohort] + job.gpus - self.cohort_nominal[tenant.cohort])
 
-    def victims(self, job: Job, candidates: Iterable[Run]) -> list[Run] | None:
+    def victims(self, job: Job, candidates: Iterable[Run], types: Sequence[str] | None = None) -> list[Run] | None:
         """The victims, taken in the order given (the policy's: cheapest first), whose GPUs make ``job`` fit,
-        both on the nodes and in its quota (GPUs of its own tenant, of its cohort: ``shortfall``). None if
-        there is no such set. A job that fits on one node takes them from the node where the worst victim
-        taken is the cheapest; a gang, the cheapest prefix that makes it fit, less those it would not use."""
+        both on the nodes and in its quota (GPUs of its own tenant, of its cohort: ``shortfall``), on nodes of
+        ``types`` (None: any the job may run on). None if there is no such set. A job that fits on one node
+        takes them from the node where the worst victim taken is the cheapest; a gang, the cheapest prefix that
+        makes it fit on one of the types (the first, in their order), less those it would not use."""
+        types = self.types_of(job) if types is None else types
+        nodes = self.cluster.nodes
         pool = [run for run in candidates if run.id not in self.leaving]
         own_needed, cohort_needed = self.shortfall(job)
         cohort = self.state.tenants[job.tenant].cohort
@@ -122,6 +162,8 @@ class Snapshot:
             best: tuple[tuple[int, int], list[Run]] | None = None  # ((worst victim's rank, victims), victims)
             rank = {run.id: i for i, run in enumerate(pool)}
             for node, runs in on_node.items():
+                if nodes[node].gpu_type not in types:
+                    continue
                 chosen, free, own, in_cohort = [], self.cluster.free[node], 0, 0
                 for run in runs:
                     if free >= job.gpus and own >= own_needed and in_cohort >= cohort_needed:
@@ -135,19 +177,21 @@ class Snapshot:
                     best = (score, chosen)
             if best is not None:
                 return best[1]
-        what_if, chosen, own, in_cohort, free = self.cluster.copy(), [], 0, 0, self.free
-        per = job.per_worker
-        slots = sum(gpus // per for gpus in what_if.free.values())  # workers the nodes hold: place() needs enough
+        what_if, chosen, own, in_cohort, per = self.cluster.copy(), [], 0, 0, job.per_worker
+        ours = [n for t in types for n in self.cluster.typed[t]]  # the nodes it may run on
+        free = sum(what_if.free[n] for n in ours)
+        slots = sum(what_if.free[n] // per for n in ours)  # workers those nodes hold: place() needs enough
         for run in pool:
-            slots -= sum(what_if.free[node] // per for node in run.placement)
+            mine = [node for node in run.placement if nodes[node].gpu_type in types]
+            slots -= sum(what_if.free[node] // per for node in mine)
             what_if.release(run.placement)
-            slots += sum(what_if.free[node] // per for node in run.placement)
+            slots += sum(what_if.free[node] // per for node in mine)
             chosen.append(run)
             own, in_cohort = own + gives(run)[0], in_cohort + gives(run)[1]
-            free += run.job.gpus
+            free += sum(run.placement[node] for node in mine)
             if own < own_needed or in_cohort < cohort_needed or free < job.gpus or slots < job.workers:
                 continue
-            if where := place(what_if, job.workers, job.per_worker):
+            if where := self._fit(what_if, job, types):
                 used = [run for run in chosen if set(run.placement) & set(where.gpus)]
                 own, in_cohort = sum(gives(run)[0] for run in used), sum(gives(run)[1] for run in used)
                 for run in chosen:  # and the cheapest others, while quota is still short

@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol
 
 from phalanx.control.scheduler.cluster import Cluster
 from phalanx.control.scheduler.jobs import Job, Round, Run, Tenant
+from phalanx.control.scheduler.speeds import Speeds
 
 
 class Queue:
@@ -57,8 +58,9 @@ class Queue:
 
 
 class State:
-    def __init__(self, cluster: Cluster, tenants: Iterable[Tenant], queue: Queue):
+    def __init__(self, cluster: Cluster, tenants: Iterable[Tenant], queue: Queue, speeds: Speeds | None = None):
         self.cluster = cluster
+        self.speeds = speeds if speeds is not None else Speeds(cluster.types)  # learned as jobs run
         self.tenants: dict[str, Tenant] = {}
         for tenant in tenants:
             if tenant.name in self.tenants:
@@ -67,6 +69,7 @@ class State:
         self.queue = queue
         self.running: dict[str, Run] = {}
         self.runs_of: dict[str, dict[str, None]] = {t: {} for t in self.tenants}  # each tenant's, in start order
+        self.runs_on: dict[str, dict[str, None]] = {}  # the runs on each GPU type ("a+b": a gang over two)
         self.ran_before: dict[str, None] = {}  # pending jobs that have run (LAS levels change only for these)
         self.held: dict[str, int] = dict.fromkeys(self.tenants, 0)
         self.leaving: set[str] = set()  # running jobs asked to make room
@@ -104,6 +107,7 @@ class State:
         self.ran_before.pop(job_id, None)
         run = self.running[job_id] = Run(job, dict(placement), now, last_checkpoint=now)
         self.runs_of[job.tenant][job_id] = None
+        self.runs_on.setdefault(self.cluster.type_of(placement), {})[job_id] = None
         self._index(run, add=True)
         self._hold(job.tenant, job.gpus, now)
         return run
@@ -144,6 +148,7 @@ class State:
         self._index(run, add=False)
         self.leaving.discard(job_id)
         del self.runs_of[run.job.tenant][job_id]
+        del self.runs_on[self.cluster.type_of(run.placement)][job_id]
         self.cluster.release(run.placement)
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run

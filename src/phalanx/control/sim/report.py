@@ -23,8 +23,8 @@ class Metrics:
     lost_gpu_h: float
     lost_share: float  # of GPU-hours used
     preemptions_per_job: float
-    rho_le_1: float  # share of jobs with finish-time fairness rho <= 1
-    worst_tenant_rho: float  # the worst tenant's mean rho
+    rho_le_1: float | None  # share of jobs with finish-time fairness rho <= 1; None: no tenant replayed alone
+    worst_tenant_rho: float | None  # the worst tenant's mean rho
     big_over_fifo: int | None  # big jobs waiting more than 1.5x their FIFO wait (+ 60 s), when FIFO ran
 
 
@@ -55,8 +55,8 @@ def metrics(replay: Replay, fifo: Replay | None = None) -> Metrics:
         lost_gpu_h=out.lost_gpu_s / 3600,
         lost_share=out.lost_gpu_s / out.used_gpu_s if out.used_gpu_s else 0.0,
         preemptions_per_job=sum(r.preemptions for r in records) / len(records),
-        rho_le_1=sum(1 for v in rho.values() if v <= 1) / len(rho),
-        worst_tenant_rho=max(statistics.fmean(v) for v in per_tenant.values()),
+        rho_le_1=sum(1 for v in rho.values() if v <= 1) / len(rho) if replay.alone_jct else None,
+        worst_tenant_rho=max(statistics.fmean(v) for v in per_tenant.values()) if replay.alone_jct else None,
         big_over_fifo=over,
     )
 

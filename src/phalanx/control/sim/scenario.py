@@ -1,6 +1,8 @@
 """The default replay: Philly's jobs of one month on a cluster of racks of 8-GPU nodes, its virtual clusters
 as tenants in one cohort with quotas proportional to their GPU-time share, every policy on the same cluster,
-placement and costs, and each tenant also alone on its quota (finish-time fairness needs that reference)."""
+placement and costs, and each tenant also alone on its quota (finish-time fairness needs that reference).
+With a ``fleet`` of several GPU types, the same total of GPUs in the fleet's types, each job a workload of
+the fleet's table (fleet.py); no tenant is replayed alone then (a quota is not tied to a type)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from phalanx.control.scheduler import POLICIES, Cluster, Policy, Tenant, place
+from phalanx.control.sim.fleet import Fleet
 from phalanx.control.sim.simulator import ReplayCosts, Replayed, alone_cluster, simulate, split_gpus
 from phalanx.control.sim.trace import TraceJob, philly, quotas
 
@@ -27,6 +30,7 @@ class Scenario:
     costs: ReplayCosts = field(default_factory=ReplayCosts)
     seed: int = 0
     limit: int | None = None  # the first N jobs only (a quick look)
+    fleet: Fleet | None = None  # several GPU types; None: one
 
     @property
     def gpus(self) -> int:
@@ -36,7 +40,8 @@ class Scenario:
         jobs, shares = philly(self.trace, self.start, self.end)
         cohort = "all" if self.borrowing else None
         tenants = [Tenant(name, gpus, cohort) for name, gpus in quotas(shares, self.gpus).items()]
-        return jobs[: self.limit], tenants
+        jobs = jobs[: self.limit]
+        return (self.fleet.assign(jobs, self.seed) if self.fleet else jobs), tenants
 
 
 @dataclass
@@ -57,7 +62,10 @@ def told(name: str, costs: ReplayCosts) -> Policy:
 
 def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Tenant], alone: str | None) -> Replayed:
     """One replay: the whole cluster, or only tenant ``alone``'s jobs on a cluster of its quota."""
-    if alone is None:
+    fleet = scenario.fleet
+    if fleet is not None:
+        cluster = fleet.cluster(scenario.nodes_per_rack)
+    elif alone is None:
         cluster = Cluster.uniform(scenario.racks, scenario.nodes_per_rack, scenario.gpus_per_node)
     else:
         quota = next(t for t in tenants if t.name == alone)
@@ -66,7 +74,8 @@ def _one(policy: str, scenario: Scenario, jobs: list[TraceJob], tenants: list[Te
             j for j in jobs if j.tenant == alone and place(cluster, *split_gpus(j.gpus, cluster.largest)) is not None
         ]
         tenants = [replace(quota, cohort=None)]
-    return simulate(told(policy, scenario.costs), jobs, cluster, tenants, scenario.costs, scenario.seed)
+    truth = fleet.truth if fleet is not None else None
+    return simulate(told(policy, scenario.costs), jobs, cluster, tenants, scenario.costs, scenario.seed, truth=truth)
 
 
 def carried(jobs: Sequence[TraceJob], tenants: Sequence[Tenant]) -> list[str]:
@@ -89,7 +98,7 @@ def replay(scenario: Scenario, policies: Sequence[str], workers: int = 2) -> dic
     if unknown:
         raise ValueError(f"unknown polic(ies) {unknown}; known: {sorted(POLICIES)}")
     jobs, tenants = scenario.jobs()
-    alone = carried(jobs, tenants)
+    alone = carried(jobs, tenants) if scenario.fleet is None else []
     tasks = [(p, None) for p in policies] + [(p, t) for p in policies for t in alone]
     with ProcessPoolExecutor(workers) as pool:
         futures = {task: pool.submit(_one, task[0], scenario, jobs, tenants, task[1]) for task in tasks}

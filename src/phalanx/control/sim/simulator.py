@@ -2,7 +2,9 @@
 simulator plays the caller (the control plane's part), applying each round's decisions to the State and
 modelling what the decisions cost:
 
-- a job's work is its trace duration on its GPUs; it checkpoints every ``checkpoint_every_s`` of progress;
+- a job's work is its trace duration on its GPUs; on a fleet of several GPU types, on the type the trace ran
+  on, and elsewhere it runs at its kind's true rate there (``TrueSpeeds``: the replay knows it, the policy
+  learns it from the runs, as the server does); it checkpoints every ``checkpoint_every_s`` of progress;
 - a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
   commits (``ReplayCosts.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
   costs ``restart_s`` before work resumes.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,7 @@ class JobRecord:
     waited_s: float = 0.0  # every wait: before its first start, and after each preemption until it runs again
     preemptions: int = 0
     lost_gpu_s: float = 0.0
+    gpu_s_by_type: dict[str, float] = field(default_factory=dict)  # GPU-seconds held on each GPU type
 
     @property
     def jct(self) -> float:
@@ -80,6 +83,19 @@ class Replayed:
 
 
 _ARRIVE, _FINISH, _EVICT, _CHECKPOINT = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class TrueSpeeds:
+    """How fast each kind of job really runs on each GPU type (a rate per (kind, type), any unit per kind: 0
+    where it cannot run), and the type the trace's durations were measured on."""
+
+    rates: Mapping[tuple[str, str], float]
+    reference: str
+
+    def speed(self, kind: str, gpu_type: str) -> float:
+        """Its pace on ``gpu_type`` (a mixed gang: "a+b", the slowest) over its pace on the reference."""
+        return min(self.rates[kind, t] for t in gpu_type.split("+")) / self.rates[kind, self.reference]
 
 
 def split_gpus(gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -116,18 +132,19 @@ class ModelledRun:
 
     started: float
     starts: float  # when work begins
-    left_s: float  # work to do then
+    left_s: float  # work to do then, in seconds on the reference GPU type
+    speed: float = 1.0  # work done per second here
 
     @classmethod
-    def begin(cls, now: float, left_s: float, ran_before: bool, costs: ReplayCosts) -> ModelledRun:
-        return cls(now, now + (costs.restart_s if ran_before else 0.0), left_s)
+    def begin(cls, now: float, left_s: float, ran_before: bool, costs: ReplayCosts, speed: float = 1.0) -> ModelledRun:
+        return cls(now, now + (costs.restart_s if ran_before else 0.0), left_s, speed)
 
     @property
     def finish(self) -> float:
-        return self.starts + self.left_s
+        return self.starts + self.left_s / self.speed
 
     def left_at(self, t: float) -> float:
-        return self.left_s - min(self.left_s, max(0.0, t - self.starts))
+        return self.left_s - min(self.left_s, max(0.0, t - self.starts) * self.speed)
 
     def first_checkpoint(self, phase_s: float, costs: ReplayCosts) -> float:
         return self.starts + phase_s % costs.checkpoint_every_s
@@ -138,8 +155,8 @@ class _Replay:
     each decision costs."""
 
     def __init__(self, policy: Policy, arrived: Sequence[Arrival], cluster: Cluster, tenants: Sequence[Tenant],
-                 costs: ReplayCosts):  # fmt: skip
-        self.policy, self.costs, self.cluster = policy, costs, cluster
+                 costs: ReplayCosts, truth: TrueSpeeds | None):  # fmt: skip
+        self.policy, self.costs, self.cluster, self.truth = policy, costs, cluster, truth
         self.state = State(cluster, tenants, Queue(policy.key))
         self.predictor = DurationPredictor()
         self.outcome = Replayed(policy.name, cluster.total_gpus, {})
@@ -149,6 +166,7 @@ class _Replay:
         self.work = {a.job.id: a.job.duration_s for a in arrived}  # work (s) still to do after its last checkpoint
         self.epochs = dict.fromkeys(self.work, 0)
         self.runs: dict[str, ModelledRun] = {}
+        self.on_type: dict[str, str] = {}  # running job -> the GPU type of its placement
         self.held_s = dict.fromkeys(self.work, 0.0)  # GPU-holding time over the job's runs
         self.started_seq: dict[str, int] = {}  # running job -> its place in the order the runs started
         self.snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
@@ -168,7 +186,11 @@ class _Replay:
         self.outcome.decisions.append((now, "admit", admit.job, admit.placement))
         record = self.outcome.records[admit.job]
         record.waited_s += now - self.state.queue.jobs[admit.job].queued_at  # still queued: apply starts it next
-        run = self.runs[admit.job] = ModelledRun.begin(now, self.work[admit.job], record.preemptions > 0, self.costs)
+        gpu_type = self.on_type[admit.job] = self.cluster.type_of(admit.placement)
+        kind = self.arrivals[admit.job].job.kind
+        speed = self.truth.speed(kind, gpu_type) if self.truth is not None else 1.0
+        ran_before = record.preemptions > 0
+        run = self.runs[admit.job] = ModelledRun.begin(now, self.work[admit.job], ran_before, self.costs, speed)
         epoch = self.epochs[admit.job]
         self.started_seq[admit.job] = self.push(run.finish, _FINISH, admit.job, epoch)
         self.push(run.first_checkpoint(self.arrivals[admit.job].phase_s, self.costs), _CHECKPOINT, admit.job, epoch)
@@ -186,14 +208,23 @@ class _Replay:
         run = self.runs.pop(job_id)
         self.epochs[job_id] += 1
         self.held_s[job_id] += t - run.started
+        record, gpu_type = self.outcome.records[job_id], self.on_type.pop(job_id)
+        record.gpu_s_by_type[gpu_type] = record.gpu_s_by_type.get(gpu_type, 0.0) + record.gpus * (t - run.started)
+        self._observe(job_id, gpu_type)
         return run
+
+    def _observe(self, job_id: str, gpu_type: str) -> None:
+        """What the server's speed table learns from a run's step metrics: its kind's rate on its type."""
+        if self.truth is not None:
+            kind = self.arrivals[job_id].job.kind
+            self.state.speeds.observe(kind, gpu_type, self.truth.rates[kind, gpu_type.split("+")[0]])
 
     def _evict(self, job_id: str, t: float) -> None:
         """The job leaves with its snapshot's work to do: the GPU time of this run that saved no work is lost."""
         record, left = self.outcome.records[job_id], self.snapshot.pop(job_id)
         record.preemptions += 1
         run = self._leave(job_id, t)
-        record.lost_gpu_s += record.gpus * ((t - run.started) - (run.left_s - left))
+        record.lost_gpu_s += record.gpus * ((t - run.started) - (run.left_s - left) / run.speed)
         self.work[job_id] = left
         self.state.requeue(job_id, t)
 
@@ -209,6 +240,10 @@ class _Replay:
         began, state, outcome = time.perf_counter(), self.state, self.outcome
         remaining, last_t = len(self.work), 0.0
         while remaining:
+            if not self.events:
+                stuck = sorted(state.queue.jobs)
+                example = f"{stuck[0]} ({state.queue.jobs[stuck[0]].gpus} GPUs)"
+                raise ValueError(f"{len(stuck)} job(s) can never start on this cluster, such as {example}")
             t = self.events[0][0]
             held = sum(state.held.values())
             outcome.used_gpu_s += held * (t - last_t)
@@ -223,9 +258,8 @@ class _Replay:
                     workers, per_worker = split_gpus(tj.gpus, self.cluster.largest)
                     predicted = self.predictor.predict(tj.tenant, tj.gpus)
                     submitted = outcome.records[job_id].submit
-                    job = Job(
-                        job_id, tj.tenant, workers, per_worker, submitted, predicted_s=predicted, queued_at=submitted
-                    )
+                    job = Job(job_id, tj.tenant, workers, per_worker, submitted, predicted_s=predicted,
+                              queued_at=submitted, kind=tj.kind, gpu_types=tj.gpu_types)  # fmt: skip
                     state.submit(job)
                 elif epoch != self.epochs[job_id]:
                     continue  # the run this event was for has ended
@@ -235,6 +269,7 @@ class _Replay:
                 elif kind == _CHECKPOINT:
                     self.work[job_id] = self.runs[job_id].left_at(t)
                     state.checkpointed(job_id, t)
+                    self._observe(job_id, self.on_type[job_id])
                     self.push(t + self.costs.checkpoint_every_s, _CHECKPOINT, job_id, epoch)
                     continue
                 elif kind == _EVICT:
@@ -254,10 +289,12 @@ def simulate(
     costs: ReplayCosts = ReplayCosts(),
     seed: int = 0,
     jitter_s: float = 60.0,
+    truth: TrueSpeeds | None = None,
 ) -> Replayed:
     """Replay ``jobs`` until the last one finishes. ``seed`` draws each job's checkpoint phase and a jitter
-    of up to ``jitter_s`` on its submit time."""
-    return _Replay(policy, arrivals(jobs, costs, seed, jitter_s), cluster, tenants, costs).run()
+    of up to ``jitter_s`` on its submit time; ``truth``: how fast each kind runs on each GPU type (None: all
+    types alike)."""
+    return _Replay(policy, arrivals(jobs, costs, seed, jitter_s), cluster, tenants, costs, truth).run()
 
 
 def alone_cluster(gpus: int, gpus_per_node: int, nodes_per_rack: int) -> Cluster:

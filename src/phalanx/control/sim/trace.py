@@ -14,7 +14,9 @@ class TraceJob:
     tenant: str
     gpus: int
     submit_s: float  # from the start of the replayed window
-    duration_s: float
+    duration_s: float  # on the GPU type the trace ran on (``simulator.TrueSpeeds.reference``)
+    kind: str = ""  # its class, for a fleet of several GPU types
+    gpu_types: tuple[str, ...] = ()  # the types it can run on; empty: any
 
 
 class TraceError(ValueError):
