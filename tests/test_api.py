@@ -41,7 +41,7 @@ class World:
         self.tmp = tmp
         self.store = open_store(f"sqlite:///{tmp / 'phalanx.db'}")
         self.admin = bootstrap(self.store)
-        self.app = create_app(Server(self.store, tmp / "jobs", 8, lambda: None))
+        self.app = create_app(Server(self.store, tmp / "jobs", {"gpu": 8}, lambda: None))
         self.http = TestClient(self.app, raise_server_exceptions=False)
         self.tokens: dict[str, str] = {"admin": self.admin}
         self.token_ids: dict[str, str] = {}

@@ -5,13 +5,18 @@ long run up to faster GPUs), over random fleets (hypothesis) and by example; and
 
 from __future__ import annotations
 
+import sys
+import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
+from phalanx.client import ClientError
+from phalanx.control.executors.local import gpu_type_name
 from phalanx.control.scheduler import (
     POLICIES,
     Cluster,
@@ -27,6 +32,7 @@ from phalanx.control.scheduler import (
 )
 from phalanx.control.sim.simulator import ReplayCosts, TrueSpeeds, simulate
 from phalanx.control.sim.trace import TraceJob
+from servers import PhalanxServer
 
 TYPES = (GpuType("fast", 100.0), GpuType("mid", 40.0), GpuType("slow", 10.0))
 KINDS = {"a": (10.0, 5.0, 1.0), "b": (3.0, 3.0, 2.0), "c": (4.0, 8.0, 0.5)}  # true rates on fast, mid, slow
@@ -128,6 +134,16 @@ def test_the_speed_table_starts_from_peak_flops_and_learns_from_runs() -> None:
     assert speeds.rate("a", "fast") == pytest.approx(13.0)
 
 
+def test_a_type_named_only_by_the_machine_is_seeded_by_its_data_sheet() -> None:
+    """The local executor names a GPU by its model, from the driver's name; a type nobody described gets its
+    peak from the data sheets (Slurm's gres types are lower case), an unknown one none: all alike then."""
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "AMD Instinct MI300X", "NVIDIA GeForce RTX 4090"]
+    assert [gpu_type_name(n) for n in names] == ["H100", "A100", "MI300X", "RTX-4090"]
+    cluster = Cluster([Node("a", "r", 8, "h100"), Node("b", "r", 8, "A100"), Node("c", "r", 8, "RTX-4090")])
+    assert {t: g.tflops for t, g in cluster.types.items()} == {"h100": 989.0, "A100": 312.0, "RTX-4090": 0.0}
+    assert Speeds(cluster.types).relative("", ["h100", "A100"]) == pytest.approx({"h100": 1.0, "A100": 312 / 989})
+
+
 def _one_of_each(policy: PredictiveLas) -> State:
     cluster = Cluster([Node(f"{t.name}0", t.name, 8, t.name) for t in TYPES], types=TYPES)
     state = State(cluster, [Tenant("t", 24)], Queue(policy.key))
@@ -193,3 +209,35 @@ def test_the_replay_runs_each_job_at_its_kinds_true_pace_on_its_type() -> None:
     assert by_type == [("one", "fast"), ("three", "slow"), ("two", "slow")] or by_type[2] == ("two", "fast")
     assert {r.id: r.jct for r in records.values() if set(r.gpu_s_by_type) == {"fast"}}.get("one") == 500.0
     assert records["three"].gpu_s_by_type == {"slow": 1000.0}  # never on "fast"
+
+
+def test_the_server_places_each_job_on_a_type_it_allows_and_refuses_what_cannot_run(tmp_path: Path) -> None:
+    """`phalanx server --gpu-types H100:1,A100:2`: the local executor offers a node of each declared type.
+    A job that requires A100s runs on the A100 node, one that prefers H100s on the H100 node; a job asking
+    for a type the cluster lacks, or for more of one type than it has, is refused naming the field."""
+    server = PhalanxServer(tmp_path, slots=None, args=("--gpu-types", "H100:1,A100:2"))
+    try:
+        client = server.member("team", 3, "alice")
+        assert client.cluster()["types"] == {"H100": 1, "A100": 2}
+
+        def spec(name: str, procs: int, resources: str) -> str:
+            return (f"name: {name}\nresources: {{procs_per_node: {procs}, device: cpu, {resources}}}\n"
+                    f"command: [{sys.executable}, -c, 'import time; time.sleep(60)']\n")  # fmt: skip
+
+        a100 = client.submit(spec("needs-a100", 2, "gpu_types: [A100, MI300X]"))["id"]
+        h100 = client.submit(spec("likes-h100", 1, "prefer_gpu_types: [H100]"))["id"]
+        for job_id, node in ((a100, "local-A100"), (h100, "local-H100")):
+            deadline = time.monotonic() + 60
+            while (job := client.job(job_id))["placement"] is None:
+                assert time.monotonic() < deadline, job
+                time.sleep(0.1)
+            assert job["placement"] == {node: job["gpus"]}, job
+            client.cancel(job_id)
+        with pytest.raises(ClientError, match=r"resources.gpu_types: \['MI300X'\]: this cluster has none of them; "
+                                              r"its types: \['A100', 'H100'\]"):  # fmt: skip
+            client.submit(spec("needs-mi300x", 1, "gpu_types: [MI300X]"))
+        with pytest.raises(ClientError, match=r"resources.mix_gpu_types: the job needs 3 slots of one type; A100, "
+                                              r"the largest of its types, has 2"):  # fmt: skip
+            client.submit(spec("too-big", 3, "mix_gpu_types: false"))
+    finally:
+        server.stop()

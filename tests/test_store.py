@@ -54,7 +54,7 @@ def _world(store) -> dict[str, Identity]:
 
 def _submit(store, who: Identity, tenant: str | None = None) -> str:
     with store.write() as s:
-        job = lifecycle.submit(Scope(s, who), Submission(SPEC, 0, tenant, "/"), Path("/jobs"), 8, 1.0)
+        job = lifecycle.submit(Scope(s, who), Submission(SPEC, 0, tenant, "/"), Path("/jobs"), {"gpu": 8}, 1.0)
         return job.id
 
 

@@ -27,6 +27,12 @@ def server(
     slots: int | None = typer.Option(
         None, min=1, help="CPU slots the local executor offers (default: this machine's GPUs, else its cores)"
     ),
+    gpu_types: str | None = typer.Option(
+        None,
+        "--gpu-types",
+        help="the local executor's slots by GPU type, TYPE:COUNT,... (H100:4,A100:4: devices in that order); "
+        "default: all of this machine's GPU model",
+    ),
     admin_token_file: Path | None = typer.Option(
         None, "--admin-token-file", help="on a new database, write the admin's token here instead of printing it"
     ),
@@ -57,6 +63,11 @@ def server(
     from phalanx.control.store import StoreError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        declared = _gpu_types(gpu_types) if gpu_types is not None else None
+    except ValueError as e:
+        err.print(f"[bold red]cannot serve[/]: --gpu-types {gpu_types!r}: {e}", highlight=False)
+        raise typer.Exit(2) from None
     settings = Settings(
         data_dir,
         database,
@@ -68,12 +79,28 @@ def server(
         slurm_partition=slurm_partition,
         max_token_s=max_token_days * 86400,
         cost=PreemptionCost(restart_s, commit_s, commit_s_per_gpu),
+        gpu_types=declared,
     )
     try:
         serve(settings)
     except (StoreError, ValueError, SlurmError) as e:
         err.print(f"[bold red]cannot serve[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
+
+
+def _gpu_types(text: str) -> dict[str, int]:
+    """ "H100:4,A100:2" -> {"H100": 4, "A100": 2}."""
+    import re
+
+    types: dict[str, int] = {}
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]{0,62}):([1-9][0-9]{0,5})\s*", part)
+        if match is None:
+            raise ValueError(f"{part!r} is not TYPE:COUNT (a name, and 1 or more)")
+        if match[1] in types:
+            raise ValueError(f"{match[1]} is listed twice")
+        types[match[1]] = int(match[2])
+    return types
 
 
 def register(app: typer.Typer) -> None:

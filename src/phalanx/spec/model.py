@@ -30,6 +30,23 @@ class Resources(Strict):
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when this machine has CUDA devices, else cpu (gloo)"
     )
+    gpu_types: Annotated[list[Name], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="the GPU types it may run on under `phalanx server`, such as [H100, H200]; empty: any",
+    )
+    prefer_gpu_types: Annotated[list[Name], Field(max_length=32)] = Field(
+        default_factory=list, description="of those, the ones it would rather have, best first"
+    )
+    mix_gpu_types: bool = Field(
+        default=False,
+        description="one gang may span GPU types when no one type holds it (it runs at the pace of the slowest)",
+    )
+
+    @model_validator(mode="after")
+    def _preferred_are_allowed(self) -> Resources:
+        if stray := [t for t in self.prefer_gpu_types if self.gpu_types and t not in self.gpu_types]:
+            raise ValueError(f"prefer_gpu_types: {stray} are not in gpu_types {self.gpu_types}")
+        return self
 
     @property
     def world_size(self) -> int:

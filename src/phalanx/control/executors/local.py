@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from phalanx.control.executors.base import Handle, Launch, Phase, Status
-from phalanx.control.scheduler import Node
+from phalanx.control.scheduler import ANY_TYPE, Node
 from phalanx.obs.rundir import newest_run
 
 PID_WAIT_S = 10.0
@@ -33,25 +33,38 @@ _RECORD_PID = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1" && shift && exec "$@"'
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, root: str | Path, slots: int | None = None):
+    def __init__(self, root: str | Path, slots: int | None = None, gpu_types: dict[str, int] | None = None):
         """``slots``: CPU slots to offer (a job takes procs_per_node x nodes of them). None: this machine's
         GPUs, each job seeing only its own through CUDA_VISIBLE_DEVICES; on a machine with none, a slot per
-        CPU core."""
+        CPU core. ``gpu_types``: the slots (or GPUs, in device order) of each GPU type, declared, each type a
+        node of its own; None: all of one type, the GPUs' model (``gpu_type_name``)."""
         import torch
 
         self.root = Path(root).absolute()
         self.gpus = slots is None and torch.cuda.device_count() > 0
+        if gpu_types is not None:
+            if slots is not None and slots != sum(gpu_types.values()):
+                raise ValueError(f"--slots {slots} and --gpu-types {gpu_types} disagree: give one")
+            slots = sum(gpu_types.values())
         if slots is None:
             slots = torch.cuda.device_count() or os.cpu_count() or 1
-        if slots < 1:
-            raise ValueError(f"the local executor needs at least one slot; got {slots}")
+        if slots < 1 or any(n < 1 for n in (gpu_types or {}).values()):
+            raise ValueError(f"the local executor needs at least one slot of each type; got {gpu_types or slots}")
         self.slots = slots
         self.unit = "GPUs" if self.gpus else "slots"
+        if gpu_types is None:
+            found = gpu_type_name(torch.cuda.get_device_name(0)) if self.gpus else ANY_TYPE
+            gpu_types = {found: slots}
+        first, self.nodes = 0, {}  # node -> (its type, its device indices)
+        for gpu_type, count in gpu_types.items():
+            name = "local" if len(gpu_types) == 1 else f"local-{gpu_type}"
+            self.nodes[name] = (gpu_type, list(range(first, first + count)))
+            first += count
         self._devices: dict[str, list[int]] = {}  # execution dir -> GPU indices it holds
         self._children: dict[int, subprocess.Popen] = {}  # started by this server: reaped here
 
     def capacity(self) -> list[Node]:
-        return [Node("local", "local", self.slots)]
+        return [Node(name, "local", len(devices), gpu_type) for name, (gpu_type, devices) in self.nodes.items()]
 
     def start(self, launch: Launch) -> Handle:
         where = self.root / launch.job_id / f"attempt-{launch.attempt}"
@@ -63,7 +76,8 @@ class LocalExecutor:
         gpus = sum(launch.placement.values())
         if self.gpus:
             held = {d for devices in self._devices.values() for d in devices}
-            devices = [d for d in range(self.slots) if d not in held][:gpus]
+            node = self.nodes[next(iter(launch.placement))][1]  # one node: all its devices are of one type
+            devices = [d for d in node if d not in held][:gpus]
             self._devices[str(where)] = devices
             (where / "devices.json").write_text(json.dumps(devices))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
@@ -147,3 +161,15 @@ def _tail(path: Path, chars: int = 400) -> str:
         return path.read_text(errors="replace")[-chars:].strip()
     except OSError:
         return ""
+
+
+def gpu_type_name(device: str) -> str:
+    """A GPU's model as a type name, from the name its driver gives: "NVIDIA H100 80GB HBM3" -> "H100",
+    "NVIDIA A100-SXM4-80GB" -> "A100", "AMD Instinct MI300X" -> "MI300X", "NVIDIA GeForce RTX 4090" ->
+    "RTX-4090"."""
+    words = [w for w in device.replace("-", " ").split() if w not in ("NVIDIA", "AMD", "Tesla", "Instinct", "GeForce")]
+    if not words:
+        return ANY_TYPE
+    if words[0] in ("RTX", "Quadro", "TITAN") and len(words) > 1:
+        return f"{words[0]}-{words[1]}"
+    return words[0]

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 
 ANY_TYPE = "gpu"  # the type of a node whose GPUs nobody named: a fleet of one kind
 
+# Peak dense 16-bit tensor TFLOP/s per GPU from the vendors' data sheets (SXM/OAM parts; the K80 has no faster
+# 16-bit path: its FP32 per die): the speed table's seed for a type the operator did not describe
+PEAK_TFLOPS = {
+    "H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "V100": 125.0, "T4": 65.0, "P100": 21.2,
+    "K80": 4.37, "MI300X": 1307.0, "MI250X": 383.0,
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class GpuType:
@@ -20,6 +27,11 @@ class GpuType:
     vendor: str = "nvidia"
     price_per_gpu_h: float = 0.0
     spot_price_per_gpu_h: float | None = None
+
+    @classmethod
+    def named(cls, name: str) -> GpuType:
+        """A type known only by its name: its peak from the data sheets, when it is a model listed there."""
+        return cls(name, PEAK_TFLOPS.get(name.upper(), 0.0))
 
 
 @dataclass(frozen=True)
@@ -52,7 +64,7 @@ class Cluster:
             self.types[gpu_type.name] = gpu_type
         self.typed: dict[str, list[str]] = {name: [] for name in self.types}  # type -> its nodes
         for name, node in self.nodes.items():
-            self.types.setdefault(node.gpu_type, GpuType(node.gpu_type))
+            self.types.setdefault(node.gpu_type, GpuType.named(node.gpu_type))
             self.typed.setdefault(node.gpu_type, []).append(name)
         self.free: dict[str, int] = {}
         self.by_free: dict[str, dict[int, dict[str, None]]] = {t: {} for t in self.types}

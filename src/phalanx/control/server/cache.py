@@ -20,7 +20,7 @@ from phalanx.obs.rundir import RunDir
 # What the cache reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
 _QUEUED = (
     Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
-    Job.preemptions, Job.preempted_by, Job.reason,
+    Job.preemptions, Job.preempted_by, Job.reason, Job.gpu_types, Job.prefer_gpu_types, Job.mix_gpu_types,
 )  # fmt: skip
 PREDICTOR_HISTORY = 1000  # finished jobs the predictor is rebuilt from
 
@@ -114,6 +114,9 @@ class Cache:
             preempted_by=frozenset(job.preempted_by),
             queued_at=job.queued_at,
             ran=(ran or {}).get(job.seq, ()),
+            gpu_types=tuple(job.gpu_types),
+            prefer=tuple(job.prefer_gpu_types),
+            mix_types=job.mix_gpu_types,
         )
 
     # --- kept current

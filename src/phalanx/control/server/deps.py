@@ -19,19 +19,20 @@ MAX_TOKEN_S = 365 * 86400  # the longest a token may live, whoever makes it (pha
 
 
 class Server:
-    """What the routes need: the store, where jobs' files go, the cluster's size and what it counts (GPUs, or
-    CPU slots: ``unit``), a way to wake the loop, and the longest a token may live."""
+    """What the routes need: the store, where jobs' files go, the cluster's GPUs of each type and what they
+    count (GPUs, or CPU slots: ``unit``), a way to wake the loop, and the longest a token may live."""
 
     def __init__(
         self,
         store: Store,
         jobs_dir: Path,
-        capacity: int,
+        types: dict[str, int],
         wake: Callable[[], None],
         max_token_s: float = MAX_TOKEN_S,
         unit: str = "GPUs",
     ):
-        self.store, self.jobs_dir, self.capacity, self.wake = store, jobs_dir, capacity, wake
+        self.store, self.jobs_dir, self.types, self.wake = store, jobs_dir, types, wake
+        self.capacity = sum(types.values())
         self.max_token_s, self.unit = max_token_s, unit
 
     @contextlib.contextmanager

@@ -69,10 +69,11 @@ def gang_shape(spec: JobSpec) -> tuple[int, int]:
     return res.nodes + res.spare_nodes, res.procs_per_node
 
 
-def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: float, unit: str = "GPUs") -> Job:
+def submit(scope: Scope, sub: Submission, jobs_dir: Path, types: dict[str, int], now: float, unit: str = "GPUs") -> Job:
     """Validate and queue a job, new or going on from a job that ended (``resume_from``: its checkpoints, and
-    by default its spec and directory). Raises SpecError (every issue, with its field path), NotFound for a
-    tenant or job the caller cannot see, Forbidden for a viewer, Conflict for resuming a job still going."""
+    by default its spec and directory); ``types``: the cluster's GPUs of each type. Raises SpecError (every
+    issue, with its field path), NotFound for a tenant or job the caller cannot see, Forbidden for a viewer,
+    Conflict for resuming a job still going."""
     who = scope.who
     before = scope.job(sub.resume_from) if sub.resume_from is not None else None  # another tenant's: not found
     name = sub.tenant or (before.tenant if before is not None else who.tenant)
@@ -91,11 +92,8 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         spec = _resuming(spec, before)
     preflight(spec, workdir, remote_data=False)
     workers, per_worker = gang_shape(spec)
-    if workers * per_worker > capacity:
-        raise SpecError(
-            "the submitted spec",
-            [SpecIssue("resources", f"the job needs {workers * per_worker} {unit}; the cluster has {capacity} in all")],
-        )
+    if issue := _fits(spec, workers * per_worker, types, unit):
+        raise SpecError("the submitted spec", [issue])
     job_id = f"{spec.name[:20]}-{secrets.token_hex(4)}"
     if spec.checkpoint.dir is None:  # every execution of the job resumes from the same checkpoints
         spec = spec.model_copy(
@@ -114,6 +112,9 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         checkpoint_dir=spec.checkpoint.dir,
         workers=workers,
         gpus=workers * per_worker,
+        gpu_types=spec.resources.gpu_types,
+        prefer_gpu_types=spec.resources.prefer_gpu_types,
+        mix_gpu_types=spec.resources.mix_gpu_types,
         state=JobState.PENDING,
         reason="queued",
         submitted_at=now,
@@ -131,6 +132,26 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, capacity: int, now: fl
         cause += f", going on from job {before.id}'s checkpoints ({spec.checkpoint.dir})"
     _record(scope.session, job, None, JobState.PENDING, cause, now)
     return job
+
+
+def _fits(spec: JobSpec, gpus: int, types: dict[str, int], unit: str) -> SpecIssue | None:
+    """Why the job can never run on this cluster, if it cannot: none of the GPU types it allows, or more GPUs
+    than they hold (than the largest of them holds, for a gang that may not span types)."""
+    res = spec.resources
+    allowed = {t: n for t, n in types.items() if not res.gpu_types or t in res.gpu_types}
+    if not allowed:
+        have = f"{res.gpu_types}: this cluster has none of them; its types: {sorted(types)}"
+        return SpecIssue("resources.gpu_types", have)
+    if gpus > sum(allowed.values()):
+        return SpecIssue("resources", f"the job needs {gpus} {unit}; the cluster has {sum(allowed.values())} in all")
+    largest = max(allowed, key=lambda t: allowed[t])
+    if gpus > allowed[largest] and not res.mix_gpu_types:
+        return SpecIssue(
+            "resources.mix_gpu_types",
+            f"the job needs {gpus} {unit} of one type; {largest}, the largest of its types, has {allowed[largest]}: "
+            "allow the gang to span types, or ask for fewer",
+        )
+    return None
 
 
 def _resuming(spec: JobSpec, before: Job) -> JobSpec:

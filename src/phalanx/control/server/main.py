@@ -36,6 +36,7 @@ class Settings:
     slurm_partition: str | None = None  # the slurm executor's partition, for jobs whose spec names none
     max_token_s: float = MAX_TOKEN_S  # the longest a token may live, whoever makes it
     cost: core.PreemptionCost = field(default_factory=core.PreemptionCost)  # on this cluster: the scheduler's budget
+    gpu_types: dict[str, int] | None = None  # the local executor's slots by GPU type, declared; None: as found
 
     @property
     def database_url(self) -> str:
@@ -60,7 +61,7 @@ def make_executor(settings: Settings, jobs_dir: Path) -> Executor:
     if settings.executor == "slurm":
         return SlurmExecutor(jobs_dir, settings.slurm_partition)
     if settings.executor == "local":
-        return LocalExecutor(jobs_dir, settings.slots)
+        return LocalExecutor(jobs_dir, settings.slots, settings.gpu_types)
     raise ValueError(f"--executor {settings.executor}: give local or slurm")
 
 
@@ -72,8 +73,10 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     token = bootstrap(store)
     policy = core.PredictiveLas(cost=settings.cost)
     controller = Controller(store, executor, policy, tick_s=settings.tick_s)
-    capacity = sum(node.gpus for node in executor.capacity())
-    server = Server(store, jobs_dir, capacity, controller.wake.set, settings.max_token_s, executor.unit)
+    types: dict[str, int] = {}
+    for node in executor.capacity():
+        types[node.gpu_type] = types.get(node.gpu_type, 0) + node.gpus
+    server = Server(store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit)
     return server, controller, token
 
 

@@ -178,6 +178,7 @@ class LogChunk(BaseModel):
 
 class Cluster(BaseModel):
     capacity: int = Field(description="what the executor offers in all")
+    types: dict[str, int] = Field(description="what it offers of each GPU type")
     unit: str = Field(description="what it counts: GPUs, or slots (CPU slots, on a machine without GPUs)")
 
 

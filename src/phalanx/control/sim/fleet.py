@@ -12,18 +12,17 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from phalanx.control.scheduler.cluster import Cluster, GpuType, Node
+from phalanx.control.scheduler.cluster import PEAK_TFLOPS, Cluster, GpuType, Node
 from phalanx.control.sim.simulator import TrueSpeeds
 from phalanx.control.sim.trace import TraceJob
 
 GAVEL_TABLE = Path(__file__).with_name("gavel_throughputs.json")
 
-# Gavel's three types, fastest first, as an operator would list them: peak 16-bit TFLOP/s per GPU from the
-# data sheets (the K80 has no faster 16-bit path: its FP32 per die), and Google Cloud's 2020 list prices
+# Gavel's three types, fastest first, as an operator would list them, with Google Cloud's 2020 list prices
 GAVEL_TYPES = (
-    GpuType("V100", 125.0, 16, price_per_gpu_h=2.48, spot_price_per_gpu_h=0.74),
-    GpuType("P100", 21.2, 16, price_per_gpu_h=1.46, spot_price_per_gpu_h=0.43),
-    GpuType("K80", 4.37, 12, price_per_gpu_h=0.45, spot_price_per_gpu_h=0.135),
+    GpuType("V100", PEAK_TFLOPS["V100"], 16, price_per_gpu_h=2.48, spot_price_per_gpu_h=0.74),
+    GpuType("P100", PEAK_TFLOPS["P100"], 16, price_per_gpu_h=1.46, spot_price_per_gpu_h=0.43),
+    GpuType("K80", PEAK_TFLOPS["K80"], 12, price_per_gpu_h=0.45, spot_price_per_gpu_h=0.135),
 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -97,6 +97,9 @@ class Job(Base):
     resumed_from: Mapped[str | None] = mapped_column(String(32))  # the job whose checkpoints it went on from
     workers: Mapped[int] = mapped_column(Integer)  # the gang: workers x (gpus / workers) GPUs each
     gpus: Mapped[int] = mapped_column(Integer)
+    gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")  # empty: any
+    prefer_gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    mix_gpu_types: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     submitted_at: Mapped[float] = mapped_column(Float)

@@ -68,7 +68,7 @@ def _checked(tenant: TenantOut, server: Server) -> TenantOut:
 async def cluster(server: ServerDep, token: Token) -> Cluster:
     """What the tenants' quotas share: the executor's capacity, and what it counts (GPUs, or CPU slots)."""
     with server.scope(token):
-        return Cluster(capacity=server.capacity, unit=server.unit)
+        return Cluster(capacity=server.capacity, types=server.types, unit=server.unit)
 
 
 @router.get("/api/v1/quota", tags=["tenants"])
