@@ -115,12 +115,12 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
         base = Scenario(trace, start, end, racks=racks, fleet=gavel_fleet(racks * 64))
         per_seed, shares, floors, took = [], [], [], []
         for seed in range(seeds):
-            began = time.monotonic()
-            results = replay(replace(base, seed=seed), FLEET_POLICIES, workers=2)
+            began, seeded = time.monotonic(), replace(base, seed=seed)
+            results = replay(seeded, FLEET_POLICIES, workers=2)
             took.append(time.monotonic() - began)
             per_seed.append({name: metrics(r) for name, r in results.items()})
             shares.append({name: _type_shares(r.shared.records.values()) for name, r in results.items()})
-            floors.append(_best_type_floor(results["phalanx"].shared.records.values(), base))
+            floors.append(_best_type_floor(seeded))
             print(f"{month} on three types, seed {seed}: {took[-1]:.0f} s", file=sys.stderr, flush=True)
         rows = []
         for name in FLEET_POLICIES:
@@ -154,11 +154,11 @@ def _type_shares(records) -> dict[str, float]:
     return {t: v / total for t, v in held.items()}
 
 
-def _best_type_floor(records, scenario: Scenario) -> float:
-    jobs = {job.id: job for job in scenario.jobs()[0]}
+def _best_type_floor(scenario: Scenario) -> float:
+    """The mean job duration on each job's fastest type: the seed's workloads, as its replay drew them."""
     truth = scenario.fleet.truth
-    best = [r.duration / max(truth.speed(jobs[r.id].kind, t) for t in jobs[r.id].gpu_types) for r in records]
-    return statistics.fmean(best)
+    jobs = scenario.jobs()[0]
+    return statistics.fmean(job.duration_s / max(truth.speed(job.kind, t) for t in job.gpu_types) for job in jobs)
 
 
 def synthetic(seed: int = 0, lender_gpus: int = 0) -> tuple[State, PredictiveLas]:

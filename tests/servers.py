@@ -184,7 +184,9 @@ class SlurmCluster:
     that each node has its own address as on a real cluster. Its commands find it through SLURM_CONF, which
     ``env`` holds."""
 
-    def __init__(self, nodes: int = 3) -> None:
+    def __init__(self, nodes: int = 3, gres: dict[str, str] | None = None) -> None:
+        """``gres``: node -> its GPU, as Slurm names it ("gpu:h100:1"): one, whose device file is /dev/null
+        (nothing here has GPUs; slurmd counts a GPU by its file, and the jobs that ask for one run on CPUs)."""
         for daemon in ("munged", "slurmctld", "slurmd", "sbatch"):
             if shutil.which(daemon) is None:
                 raise FileNotFoundError(f"{daemon} is not installed: apt-get install slurm-wlm munge (.ci/run does)")
@@ -232,9 +234,11 @@ class SlurmCluster:
             "MinJobAge=600",
             "JobCompType=jobcomp/filetxt",  # what sacct --completion reads on a cluster without slurmdbd
             f"JobCompLoc={self.root / 'jobcomp.txt'}",
+            *(["GresTypes=gpu"] if gres else []),
             *(
                 f"NodeName={name} NodeHostname={host} NodeAddr={addr} Port={free_port()} CPUs={os.cpu_count()} "
-                "State=UNKNOWN"
+                + (f"Gres={gres[name]} " if gres and name in gres else "")
+                + "State=UNKNOWN"
                 for name, addr in self.addrs.items()
             ),
             f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP "
@@ -242,6 +246,12 @@ class SlurmCluster:
         ]
         self.conf = self.root / "slurm.conf"
         self.conf.write_text("\n".join(conf) + "\n")
+        lines = []
+        for name, spec in (gres or {}).items():  # "gpu:h100:1": Name=gpu Type=h100 File=/dev/null
+            kind, gpu_type, count = spec.split(":")
+            assert count == "1", f"{name}: {spec}; a node here has one GPU (a device file each)"
+            lines.append(f"NodeName={name} Name={kind} Type={gpu_type} File=/dev/null")
+        (self.root / "gres.conf").write_text("\n".join(lines) + "\n")  # beside slurm.conf, where slurmd reads it
         self.env = {**shared_env(), "SLURM_CONF": str(self.conf)}
         (self.root / "spool").mkdir()
         try:

@@ -441,3 +441,33 @@ def test_every_backend_gives_workers_the_same_environment(backend: str, request,
             "PHALANX_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
         }
         assert seen["env"]["MASTER_ADDR"] in ("127.0.0.1", "127.0.0.2") and int(seen["env"]["MASTER_PORT"]) > 0
+
+
+def test_the_server_places_a_job_on_the_slurm_gres_type_it_requires(tmp_path: Path) -> None:
+    """A Slurm cluster of two GPU types (gres gpu:h100 and gpu:a100, one each): the server reads the types
+    from sinfo, places a job that requires a100 on the a100 node, and Slurm runs it there (--gres=gpu:a100:1)."""
+    try:
+        typed = SlurmCluster(nodes=2, gres={"n0": "gpu:h100:1", "n1": "gpu:a100:1"})
+    except FileNotFoundError as e:
+        unavailable(str(e))
+    server = None
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("SLURM_CONF", str(typed.conf))
+            server = PhalanxServer(tmp_path, slots=None, args=("--executor", "slurm"))
+        client = server.member("team", 2, "erin")
+        assert client.cluster()["types"] == {"h100": 1, "a100": 1}
+
+        def spec(gpu_type: str) -> str:
+            return (f"name: on-{gpu_type}\nresources: {{procs_per_node: 1, device: cpu, gpu_types: [{gpu_type}]}}\n"
+                    f"slurm: {{gpus_per_node: 1}}\ncommand: [{sys.executable}, -c, 'print(1)']\n")  # fmt: skip
+
+        for gpu_type, node in (("a100", "n1"), ("h100", "n0")):
+            job_id = client.submit(spec(gpu_type))["id"]
+            assert wait_for(client, job_id, {"SUCCEEDED", "FAILED"})["state"] == "SUCCEEDED"
+            slurm_id = (tmp_path / "data" / "jobs" / job_id / "attempt-1" / "slurm_job_id").read_text().strip()
+            assert _info(typed, slurm_id).nodes == node  # Slurm ran it on the type the scheduler placed it on
+    finally:
+        if server is not None:
+            server.stop()
+        typed.stop()

@@ -168,6 +168,9 @@ def test_a_job_takes_the_fastest_type_with_room_and_waits_a_bounded_time_for_it(
         "slow (10% of its speed)"
     )
     assert [(a.job, a.placement) for a in policy.schedule(state, 100.0).admit] == [("next", {"mid0": 8})]
+    state.submit(Job("elsewhere", "t", 1, 1, 0.0, kind="a", gpu_types=("MI300X",)))
+    assert policy.schedule(state, 99.0).why("elsewhere").reason == "the cluster has none of its GPU types: MI300X"
+    state.withdraw("elsewhere")
     impatient = PredictiveLas(wait_for_speed=0.0)  # never waits: the fastest type with room at once
     assert [a.placement for a in impatient.schedule(state, 1.0).admit] == [{"mid0": 8}]
 

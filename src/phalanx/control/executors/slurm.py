@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.control.executors.base import Handle, Launch, Phase, Status
-from phalanx.control.scheduler import Node
+from phalanx.control.scheduler import ANY_TYPE, Node
 from phalanx.obs.rundir import newest_run
 from phalanx.spec import JobSpec, dump_spec, parse_spec
 
@@ -68,18 +68,24 @@ def gpus_per_node(spec: JobSpec) -> int:
     return spec.resources.procs_per_node if spec.resources.device == "cuda" else 0
 
 
-def directives(spec: JobSpec, workdir: Path, log: Path, partition: str | None = None) -> list[str]:
+def directives(
+    spec: JobSpec, workdir: Path, log: Path, partition: str | None = None, gpu_type: str | None = None
+) -> list[str]:
     """What the batch script asks of sbatch. GPU jobs take whole nodes and all their memory unless the spec
-    says otherwise; CPU jobs a CPU per worker. Spares are asked as a range, nodes to nodes + spare_nodes: the
-    job starts with the spares that are free (a node lost before a requeue need not come back first)."""
+    says otherwise; CPU jobs a CPU per worker; GPUs of ``gpu_type`` when the scheduler placed the job on
+    that type (a gres type: Slurm then places it on nodes of that type, spares included). Spares are asked as
+    a range, nodes to nodes + spare_nodes: the job starts with the spares that are free (a node lost before a
+    requeue need not come back first)."""
     res, opts = spec.resources, spec.slurm
     gpu = res.device == "cuda"
     exclusive = opts.exclusive if opts.exclusive is not None else gpu
     cpus = opts.cpus_per_node or (None if exclusive else res.procs_per_node)
     mem = opts.mem if opts.mem is not None else ("0" if gpu else None)
     nodes = f"{res.nodes}-{res.nodes + res.spare_nodes}" if res.spare_nodes else str(res.nodes)
+    gpus = gpus_per_node(spec)
+    gres = (f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}") if gpus else None
     asked = (
-        ("cpus-per-task", cpus), ("mem", mem), ("gres", f"gpu:{gpus_per_node(spec)}" if gpus_per_node(spec) else None),
+        ("cpus-per-task", cpus), ("mem", mem), ("gres", gres),
         ("time", opts.time_limit), ("partition", opts.partition or partition), ("account", opts.account),
         ("qos", opts.qos), ("constraint", opts.constraint),
     )  # fmt: skip
@@ -107,6 +113,7 @@ def render(
     log: Path,
     partition: str | None = None,
     python: str = sys.executable,
+    gpu_type: str | None = None,
 ) -> str:
     """The sbatch script of ``spec``, whose file is ``job`` (every path absolute: the script runs elsewhere);
     ``partition`` when the spec names none. ``log``: the batch script's output (``%j``: the job id); each
@@ -133,7 +140,7 @@ def render(
         "#!/bin/bash",
         f"# phalanx job {spec.name}: {spec.resources.nodes} node(s) + up to {spec.resources.spare_nodes} spare(s), "
         f"from {job}",
-        *(f"#SBATCH {d}" for d in directives(spec, workdir, log, partition)),
+        *(f"#SBATCH {d}" for d in directives(spec, workdir, log, partition, gpu_type)),
         "set -uo pipefail",
         *(["", "# slurm.setup: each node's environment", *opts.setup] if opts.setup else []),
         "",
@@ -212,6 +219,7 @@ def submit(
     runs_dir: Path | None = None,
     partition: str | None = None,
     source: str = "<spec>",
+    gpu_type: str | None = None,
 ) -> Submitted:
     """Write the spec and its batch script into ``where`` (a new directory on the shared filesystem) and sbatch
     it. Submitting into a directory that was submitted from before returns that job, never a second one."""
@@ -228,7 +236,8 @@ def submit(
         )
         spec_text = dump_spec(spec)
     (where / "job.yaml").write_text(spec_text)
-    script = render(spec, where / "job.yaml", runs_dir, workdir.absolute(), where / "slurm-%j.out", partition)
+    log = where / "slurm-%j.out"
+    script = render(spec, where / "job.yaml", runs_dir, workdir.absolute(), log, partition, gpu_type=gpu_type)
     (where / "job.sbatch").write_text(script)
     out = _run("sbatch", "--parsable", str(where / "job.sbatch"), cwd=where)
     job_id = out.split(";")[0].strip()  # --parsable: "ID" or "ID;CLUSTER"
@@ -302,8 +311,9 @@ class SlurmExecutor:
         self.unit = "GPUs"  # "slots" once sinfo shows a partition without GPUs
 
     def capacity(self) -> list[Node]:
-        """Each node of the partition with its GPUs (gres), or its CPUs as slots on a cluster without GPUs;
-        asked of Slurm at most every CAPACITY_TTL_S, not every scheduling round."""
+        """Each node of the partition with its GPUs (gres) and their type (the gres type of most of them;
+        none: ANY_TYPE), or its CPUs as slots on a cluster without GPUs; asked of Slurm at most every
+        CAPACITY_TTL_S, not every scheduling round."""
         if self._capacity is not None and time.monotonic() - self._capacity[0] < CAPACITY_TTL_S:
             return self._capacity[1]
         args = ["sinfo", "-N", "-h", "-o", "%N|%G|%c"] + (["-p", self.partition] if self.partition else [])
@@ -311,8 +321,9 @@ class SlurmExecutor:
         any_gpus = False
         for line in _run(*args).splitlines():
             name, gres, cpus = line.split("|")
-            gpus = sum(int(m) for m in re.findall(r"gpu(?::[^:(,]+)?:(\d+)", gres))
-            nodes[name] = Node(name, name, gpus or int(cpus))
+            typed = [(int(n), t or ANY_TYPE) for t, n in re.findall(r"gpu(?::([^:(,]+))?:(\d+)", gres)]
+            gpus = sum(n for n, _ in typed)
+            nodes[name] = Node(name, name, gpus or int(cpus), max(typed)[1] if typed else ANY_TYPE)
             any_gpus = any_gpus or gpus > 0
         self.unit = "GPUs" if any_gpus else "slots"
         if not nodes:
@@ -322,7 +333,11 @@ class SlurmExecutor:
 
     def start(self, launch: Launch) -> Handle:
         where = self.root / launch.job_id / f"attempt-{launch.attempt}"
-        done = submit(launch.spec, where, Path(launch.workdir), partition=self.partition, source=f"job {launch.job_id}")
+        typed = {node.name: node.gpu_type for node in self.capacity()}
+        types = {typed.get(name, ANY_TYPE) for name in launch.placement}  # several: a gang allowed to mix them
+        gpu_type = types.pop() if len(types) == 1 and ANY_TYPE not in types else None
+        done = submit(launch.spec, where, Path(launch.workdir), partition=self.partition,
+                      source=f"job {launch.job_id}", gpu_type=gpu_type)  # fmt: skip
         return done.handle()
 
     def adopt(self, handle: Handle) -> None:

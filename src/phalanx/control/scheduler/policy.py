@@ -137,6 +137,8 @@ class PredictiveLas:
 
     def _no_room(self, snap: Snapshot, job: Job, types: list[str] | None) -> str:
         shape = _shape(job, snap.cluster)
+        if not snap.types_of(job):
+            return f"the cluster has none of its GPU types: {', '.join(job.gpu_types)}"
         if types is None or not (slower := [t for t in snap.types_of(job) if t not in types]):
             return f"no room for {shape}"
         speed = snap.state.speeds.relative(job.kind, snap.types_of(job))
