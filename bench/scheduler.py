@@ -276,8 +276,8 @@ def main() -> None:
             "gavel_throughputs.json, MIT licence), drawn per seed among those measured at its size (the largest "
             "measured size within it); it runs at that workload's rate on each type, its trace duration being "
             "its time on a P100, and it may not run where Gavel measured 0 (it does not fit). phalanx learns "
-            "the rates from the runs (the speed table, seeded by peak FLOP/s), as the server does; the baselines "
-            "know nothing of them. Quotas, costs and checkpoints as above; no tenant is replayed alone, so no "
+            "the rates from the runs (the speed table, seeded by peak FLOP/s); the baselines know nothing of "
+            "them. Quotas, costs and checkpoints as above; no tenant is replayed alone, so no "
             f"rho. {args.seeds} seeds: mean +- sd; ratios per seed, median and range.",
         )
         fleets(typed, trace, args.seeds)

@@ -4,7 +4,7 @@ modelling what the decisions cost:
 
 - a job's work is its trace duration on its GPUs; on a fleet of several GPU types, on the type the trace ran
   on, and elsewhere it runs at its kind's true rate there (``TrueSpeeds``: the replay knows it, the policy
-  learns it from the runs, as the server does); it checkpoints every ``checkpoint_every_s`` of progress;
+  learns it from the runs); it checkpoints every ``checkpoint_every_s`` of progress;
 - a victim (every policy's: the runtime checkpoints on SIGTERM) snapshots at once and leaves when the save
   commits (``ReplayCosts.commit``: longer for a bigger job's checkpoint); it loses that time, and every restart
   costs ``restart_s`` before work resumes.
@@ -214,10 +214,11 @@ class _Replay:
         return run
 
     def _observe(self, job_id: str, gpu_type: str) -> None:
-        """What the server's speed table learns from a run's step metrics: its kind's rate on its type."""
-        if self.truth is not None:
+        """What a run's step metrics teach the speed table: its kind's rate on its type (a gang over several
+        types says nothing of each)."""
+        if self.truth is not None and "+" not in gpu_type:
             kind = self.arrivals[job_id].job.kind
-            self.state.speeds.observe(kind, gpu_type, self.truth.rates[kind, gpu_type.split("+")[0]])
+            self.state.speeds.observe(kind, gpu_type, self.truth.rates[kind, gpu_type])
 
     def _evict(self, job_id: str, t: float) -> None:
         """The job leaves with its snapshot's work to do: the GPU time of this run that saved no work is lost."""
