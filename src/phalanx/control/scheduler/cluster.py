@@ -73,7 +73,6 @@ class Cluster:
             self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
         self.largest = max((node.gpus for node in self.nodes.values()), default=0)  # GPUs of the biggest node
-        self.type_gpus = {t: sum(self.nodes[n].gpus for n in names) for t, names in self.typed.items()}
 
     @classmethod
     def uniform(cls, racks: int, nodes_per_rack: int, gpus_per_node: int) -> Cluster:
