@@ -104,6 +104,7 @@ def compare(report: Report, trace: Path, seeds: int) -> None:
 
 FLEET_POLICIES = ["phalanx", "phalanx-types-ignored", "kueue-like"]
 TYPE_NAMES = [t.name for t in gavel_fleet(64).types]
+PRICES = {t.name: t.price_per_gpu_h for t in gavel_fleet(64).types}  # on demand, $ per GPU-hour
 
 
 def fleets(report: Report, trace: Path, seeds: int) -> None:
@@ -113,21 +114,26 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
                                               "preemptions_per_job")]  # fmt: skip
     for month, start, end, racks in MONTHS:
         base = Scenario(trace, start, end, racks=racks, fleet=gavel_fleet(racks * 64))
-        per_seed, shares, floors, took = [], [], [], []
+        per_seed, shares, spend, floors, took = [], [], [], [], []
         for seed in range(seeds):
             began, seeded = time.monotonic(), replace(base, seed=seed)
             results = replay(seeded, FLEET_POLICIES, workers=2)
             took.append(time.monotonic() - began)
             per_seed.append({name: metrics(r) for name, r in results.items()})
             shares.append({name: _type_shares(r.shared.records.values()) for name, r in results.items()})
+            spend.append({name: _spend(r.shared.records.values()) for name, r in results.items()})
             floors.append(_best_type_floor(seeded))
             print(f"{month} on three types, seed {seed}: {took[-1]:.0f} s", file=sys.stderr, flush=True)
         rows = []
         for name in FLEET_POLICIES:
             ms = [seed[name] for seed in per_seed]
             row = [name] + [mean_sd([getattr(m, attr) for m in ms], fmt) for _, attr, fmt in columns]
-            rows.append(row + [mean_sd([s[name][t] for s in shares], "{:.0%}") for t in TYPE_NAMES])
+            row += [mean_sd([s[name][t] for s in shares], "{:.0%}") for t in TYPE_NAMES]
+            jobs = len(results[name].shared.records)
+            row += [mean_sd([s[name] / 1000 for s in spend]), mean_sd([s[name] / jobs for s in spend], "{:.1f}")]
+            rows.append(row)
         headings = [heading for heading, _, _ in columns] + [f"GPU-time on {t}" for t in TYPE_NAMES]
+        headings += ["spend, k$", "$ per job"]
         report.table([f"{month}, {base.gpus} GPUs: {' / '.join(map(str, base.fleet.nodes))} nodes of "
                       f"{' / '.join(TYPE_NAMES)}", *headings], rows)  # fmt: skip
         held = "tuned on" if month == MONTHS[0][0] else "held out"
@@ -137,6 +143,8 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
                      ratio(per_seed, "avg_jct", "kueue-like"))  # fmt: skip
         report.ratio(f"{month} ({held}): phalanx / phalanx-types-ignored, p99 JCT",
                      ratio(per_seed, "p99_jct", "phalanx-types-ignored"))  # fmt: skip
+        report.ratio(f"{month} ({held}): phalanx / phalanx-types-ignored, spend",
+                     [s["phalanx"] / s["phalanx-types-ignored"] for s in spend])  # fmt: skip
         report.note(
             f"{month}: every job on its fastest type from its submit, never waiting, would average "
             f"{mean_sd(floors)} s (the floor of any policy's average JCT). One seed's three replays (2 processes): "
@@ -144,12 +152,23 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
         )
 
 
-def _type_shares(records) -> dict[str, float]:
+def _spend(records) -> float:
+    """Dollars of GPU-time held, at each type's on-demand price: what the month's jobs cost the fleet's owner."""
+    return sum(share / 3600 * PRICES[t] for t, share in _held(records).items())
+
+
+def _held(records) -> dict[str, float]:
+    """GPU-seconds held on each type (a gang over several: shared equally)."""
     held: dict[str, float] = dict.fromkeys(TYPE_NAMES, 0.0)
     for record in records:
         for gpu_type, gpu_s in record.gpu_s_by_type.items():
             for part in gpu_type.split("+"):
                 held[part] += gpu_s / len(gpu_type.split("+"))
+    return held
+
+
+def _type_shares(records) -> dict[str, float]:
+    held = _held(records)
     total = sum(held.values()) or 1.0
     return {t: v / total for t, v in held.items()}
 
