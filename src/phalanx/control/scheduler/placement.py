@@ -41,9 +41,9 @@ def place(cluster: Cluster, workers: int, per_worker: int, types: Collection[str
     slots = {n: free[n] // per_worker for t in types for n in cluster.typed[t] if free[n] >= per_worker}
     best = None  # ((nodes, GPUs left over, rack), its nodes) of the best single rack
     for rack, names in cluster.racks.items():
-        chosen = _fewest([n for n in names if n in slots], slots, cluster.free, workers)
+        chosen = _fewest([n for n in names if n in slots], slots, free, workers)
         if chosen is not None:
-            score = (len(chosen), sum(cluster.free[n] for n in chosen) - workers * per_worker, rack)
+            score = (len(chosen), sum(free[n] for n in chosen) - workers * per_worker, rack)
             if best is None or score < best[0]:
                 best = (score, chosen)
     if best is not None:
@@ -51,7 +51,7 @@ def place(cluster: Cluster, workers: int, per_worker: int, types: Collection[str
     # Across racks: the fewest nodes, and among nodes that hold as many, those of the racks that hold the most
     rack_slots = {rack: sum(slots.get(n, 0) for n in names) for rack, names in cluster.racks.items()}
     room = {n: rack_slots[cluster.nodes[n].rack] for n in slots}
-    chosen = _fewest(list(slots), slots, cluster.free, workers, room)
+    chosen = _fewest(list(slots), slots, free, workers, room)
     return _placement(chosen, slots, workers, per_worker) if chosen is not None else None
 
 

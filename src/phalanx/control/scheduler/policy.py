@@ -132,8 +132,8 @@ class PredictiveLas:
         waited = max(0.0, snap.now - (job.queued_at if job.queued_at is not None else job.submitted))
         slower_costs = job.predicted_s * self.wait_for_speed
         floor = slower_costs / (slower_costs + waited) if slower_costs > 0 else 0.0
-        ranked = sorted(allowed, key=lambda t: (job.prefer.index(t) if t in job.prefer else len(job.prefer), -speed[t]))
-        return [t for t in ranked if t in job.prefer or speed[t] >= floor]
+        ranked = sorted(allowed, key=lambda t: (t not in job.prefer, 0.0 if t in job.prefer else -speed[t]))
+        return [t for t in ranked if t in job.prefer or speed[t] >= floor]  # preferred: in types_of's order
 
     def _no_room(self, snap: Snapshot, job: Job, types: list[str] | None) -> str:
         shape = _shape(job, snap.cluster)
@@ -226,19 +226,17 @@ class PredictiveLas:
                 break
             reclaiming = snap.held[job.tenant] + job.gpus <= snap.nominal(job.tenant)
             rules = rules_for(job, level, reclaiming)
-            candidates = [run for run in pool if run.id in rules]
-            victims = snap.victims(job, candidates, self._types(snap, job)) if rules else None
+            if not rules:
+                continue
+            types = self._types(snap, job)  # read once: the victims and the reason use the same
+            victims = snap.victims(job, [run for run in pool if run.id in rules], types)
             if not victims:
                 continue
             gpus = [run.job.gpus for run in victims]
             cost = self.cost.gpu_s(sum(gpus), sum(g * g for g in gpus))
             heuristic = any(rules[run.id] == "least service" for run in victims)  # the others are owed
             if heuristic and spent + cost > allowed:
-                snap.wait(
-                    job,
-                    "placement",
-                    f"{self._no_room(snap, job, self._types(snap, job))}; the preemption budget is spent",
-                )
+                snap.wait(job, "placement", f"{self._no_room(snap, job, types)}; the preemption budget is spent")
                 continue
             spent += cost
             plans += 1
@@ -272,7 +270,7 @@ class PredictiveLas:
             faster = [t for t in snap.types_of(job) if free[t] >= job.gpus and t != here]
             if not faster:
                 continue
-            speed = state.speeds.relative(job.kind, [here, *faster])
+            speed = speeds.relative(job.kind, [here, *faster])
             best = max(faster, key=lambda t: speed[t])
             if speed[best] <= speed[here]:
                 continue

@@ -78,31 +78,37 @@ class Snapshot:
         A shape that did not fit on a type is remembered, since GPUs only get taken within a round."""
         if job.gpus > self.free:
             return None
-        if types is None:
-            fits = [where for t in self.types_of(job) if (where := self._on(job, t)) is not None]
-            free = self.cluster.free
-            best = min(fits, key=lambda where: (where.nodes, sum(free[n] for n in where.gpus)), default=None)
-        else:
-            best = next((where for t in types if (where := self._on(job, t)) is not None), None)
-        if best is None and job.mix_types and len(pool := self.types_of(job) if types is None else types) > 1:
-            best = place(self.cluster, job.workers, job.per_worker, pool)  # no one type holds it
-        return best
+        if types is not None:
+            return self._fit(self.cluster, job, types)
+        fits = [where for t in self.types_of(job) if (where := self._on(self.cluster, job, t)) is not None]
+        free = self.cluster.free
+        best = min(fits, key=lambda where: (where.nodes, sum(free[n] for n in where.gpus)), default=None)
+        return best if best is not None else self._mixed(self.cluster, job, self.types_of(job))
 
-    def _on(self, job: Job, gpu_type: str) -> Placement | None:
+    def _fit(self, cluster: Cluster, job: Job, types: Sequence[str]) -> Placement | None:
+        """The gang on ``cluster`` (the round's, or a what-if), on the first of ``types`` that holds it; else,
+        if it may mix them, on all of them."""
+        for gpu_type in types:
+            if (where := self._on(cluster, job, gpu_type)) is not None:
+                return where
+        return self._mixed(cluster, job, types)
+
+    def _on(self, cluster: Cluster, job: Job, gpu_type: str) -> Placement | None:
+        """The gang on one type; on the round's cluster, a shape that did not fit is remembered (its GPUs only
+        get taken within a round; a what-if cluster has more free, so nothing is remembered of it)."""
+        if cluster is not self.cluster:
+            return place(cluster, job.workers, job.per_worker, (gpu_type,))
         shape = (gpu_type, job.per_worker)
         if job.workers >= self._unplaceable.get(shape, 1 << 30):
             return None
-        placement = place(self.cluster, job.workers, job.per_worker, (gpu_type,))
+        placement = place(cluster, job.workers, job.per_worker, (gpu_type,))
         if placement is None:
             self._unplaceable[shape] = min(job.workers, self._unplaceable.get(shape, 1 << 30))
         return placement
 
     @staticmethod
-    def _fit(cluster: Cluster, job: Job, types: Sequence[str]) -> Placement | None:
-        """The gang on the first of ``types`` that holds it; then, if it may mix them, on all of them."""
-        for gpu_type in types:
-            if (where := place(cluster, job.workers, job.per_worker, (gpu_type,))) is not None:
-                return where
+    def _mixed(cluster: Cluster, job: Job, types: Sequence[str]) -> Placement | None:
+        """The gang over all of ``types``, when its job may span them and no one type held it."""
         return place(cluster, job.workers, job.per_worker, types) if job.mix_types and len(types) > 1 else None
 
     def nothing_fits(self) -> bool:
