@@ -6,7 +6,6 @@ long run up to faster GPUs), over random fleets (hypothesis) and by example; and
 from __future__ import annotations
 
 import sys
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from phalanx.control.scheduler import (
 from phalanx.control.sim.simulator import ReplayCosts, TrueSpeeds, simulate
 from phalanx.control.sim.trace import TraceJob
 from servers import PhalanxServer
+from test_platform import wait_for
 
 TYPES = (GpuType("fast", 100.0), GpuType("mid", 40.0), GpuType("slow", 10.0))
 KINDS = {"a": (10.0, 5.0, 1.0), "b": (3.0, 3.0, 2.0), "c": (4.0, 8.0, 0.5)}  # true rates on fast, mid, slow
@@ -230,10 +230,7 @@ def test_the_server_places_each_job_on_a_type_it_allows_and_refuses_what_cannot_
         a100 = client.submit(spec("needs-a100", 2, "gpu_types: [A100, MI300X]"))["id"]
         h100 = client.submit(spec("likes-h100", 1, "prefer_gpu_types: [H100]"))["id"]
         for job_id, node in ((a100, "local-A100"), (h100, "local-H100")):
-            deadline = time.monotonic() + 60
-            while (job := client.job(job_id))["placement"] is None:
-                assert time.monotonic() < deadline, job
-                time.sleep(0.1)
+            job = wait_for(client, job_id, {"RUNNING"}, timeout=60)
             assert job["placement"] == {node: job["gpus"]}, job
             client.cancel(job_id)
         with pytest.raises(ClientError, match=r"resources.gpu_types: \['MI300X'\]: this cluster has none of them; "
