@@ -1,7 +1,7 @@
 """phalanx's scheduler against the baselines on Philly's October and November 2017 (bench/RESULTS.md,
 docs/scheduling.md).
 
-    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--sections policies,types] [--out section.md]
+    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--sections policies,types,cost] [--out x.md]
 
 1. Each month on a cluster it loads (October: 640 GPUs = 80 nodes x 8 in 10 racks; November, a quieter month:
    448 GPUs in 7 racks), the virtual clusters as tenants of one cohort with quotas from their GPU-time before
@@ -17,6 +17,10 @@ docs/scheduling.md).
    each type; sim/fleet.py) drawn per seed, the trace's durations taken as the P100's; phalanx against its own
    policy with types ignored and Kueue-like with its flavors tried in order (fastest first). October is the
    month its knobs were tuned on; November is held out.
+4. (section "cost", a report of its own) The same fleets at Google Cloud's 2020 on-demand prices, phalanx's
+   policy: what each tenant and job spends in the month; then the same seed again with every tenant's budget
+   at half of what it spent without one, to see whether budgets hold (the scheduling core's rule: a tenant at
+   its budget starts nothing more; its running jobs go on).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,7 +109,7 @@ def compare(report: Report, trace: Path, seeds: int) -> None:
 
 FLEET_POLICIES = ["phalanx", "phalanx-types-ignored", "kueue-like"]
 TYPE_NAMES = [t.name for t in gavel_fleet(64).types]
-PRICES = {t.name: t.price_per_gpu_h for t in gavel_fleet(64).types}  # on demand, $ per GPU-hour
+BUDGET_SHARE = 0.5  # of what each tenant spent without a budget
 
 
 def fleets(report: Report, trace: Path, seeds: int) -> None:
@@ -121,7 +126,7 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
             took.append(time.monotonic() - began)
             per_seed.append({name: metrics(r) for name, r in results.items()})
             shares.append({name: _type_shares(r.shared.records.values()) for name, r in results.items()})
-            spend.append({name: _spend(r.shared.records.values()) for name, r in results.items()})
+            spend.append({name: sum(r.dollars for r in r.shared.records.values()) for name, r in results.items()})
             floors.append(_best_type_floor(seeded))
             print(f"{month} on three types, seed {seed}: {took[-1]:.0f} s", file=sys.stderr, flush=True)
         rows = []
@@ -152,9 +157,63 @@ def fleets(report: Report, trace: Path, seeds: int) -> None:
         )
 
 
-def _spend(records) -> float:
-    """Dollars of GPU-time held, at each type's on-demand price: what the month's jobs cost the fleet's owner."""
-    return sum(share / 3600 * PRICES[t] for t, share in _held(records).items())
+def money(report: Report, trace: Path, seeds: int) -> None:
+    """Each month on three GPU types, phalanx's policy: each tenant's spend without budgets, then with budgets
+    at BUDGET_SHARE of it (a replay of the same seed), how far over its budget each ended, and the jobs that
+    never started; the seeds two at a time."""
+    for month, start, end, racks in MONTHS:
+        base = Scenario(trace, start, end, racks=racks, fleet=gavel_fleet(racks * 64))
+        began = time.monotonic()
+        with ProcessPoolExecutor(2) as pool:
+            seeded = list(pool.map(_with_and_without_budgets, [replace(base, seed=seed) for seed in range(seeds)]))
+        took = time.monotonic() - began
+        print(f"{month}, spend and budgets: {took:.0f} s", file=sys.stderr, flush=True)
+        tenants = sorted(seeded[0][0], key=lambda t: -seeded[0][0][t])
+        rows, over = [], []
+        for tenant in tenants:
+            free = [s[0][tenant] for s in seeded]
+            capped = [s[1][tenant] for s in seeded]
+            held = [s[2].get(tenant, 0) for s in seeded]
+            excess = [c / (BUDGET_SHARE * f) - 1 for c, f in zip(capped, free, strict=True)]
+            over.append(excess)
+            rows.append([tenant, mean_sd([f / 1000 for f in free], "{:,.1f}"),
+                         mean_sd([BUDGET_SHARE * f / 1000 for f in free], "{:,.1f}"),
+                         mean_sd([c / 1000 for c in capped], "{:,.1f}"), mean_sd(excess, "{:+.1%}"),
+                         mean_sd(held)])  # fmt: skip
+        report.table([f"{month}, {base.gpus} GPUs: tenant", "spend, k$", "budget, k$", "spend with budget, k$",
+                      "over budget by", "jobs never started"], rows)  # fmt: skip
+        per_job = [s[3] for s in seeded]
+        report.note(
+            f"{month}: a job costs {mean_sd([statistics.fmean(p) for p in per_job], '{:,.1f}')} $ on average, "
+            f"{mean_sd([statistics.median(p) for p in per_job], '{:,.2f}')} $ at the median, "
+            f"{mean_sd([statistics.quantiles(p, n=100)[98] for p in per_job], '{:,.0f}')} $ at p99; the fleet "
+            f"{mean_sd([sum(s[0].values()) / 1000 for s in seeded], '{:,.0f}')} k$ in the month. The replays: "
+            f"{took:.0f} s ({seeds} seeds x 2, 2 processes)."
+        )
+        report.ratio(f"{month}: the most any tenant ended over its budget, / its budget",
+                     [max(e[i] for e in over) for i in range(seeds)], unit="")  # fmt: skip
+        report.ratio(f"{month}: the fleet's spend with budgets / without",
+                     [sum(s[1].values()) / sum(s[0].values()) for s in seeded])  # fmt: skip
+
+
+def _with_and_without_budgets(scenario: Scenario) -> tuple[dict, dict, dict, list[float]]:
+    """(each tenant's dollars without budgets, with budgets, its jobs never started then, each job's dollars
+    without budgets)."""
+    free = replay(scenario, ["phalanx"], workers=1)["phalanx"].shared.records.values()
+    spent = _dollars(free)
+    capped = replay(replace(scenario, budgets={t: BUDGET_SHARE * d for t, d in spent.items()}), ["phalanx"],
+                    workers=1)["phalanx"].shared.records.values()  # fmt: skip
+    held: dict[str, int] = {}
+    for r in capped:
+        held[r.tenant] = held.get(r.tenant, 0) + r.held
+    return spent, _dollars(capped), held, [r.dollars for r in free]
+
+
+def _dollars(records) -> dict[str, float]:
+    by_tenant: dict[str, float] = {}
+    for r in records:
+        by_tenant[r.tenant] = by_tenant.get(r.tenant, 0.0) + r.dollars
+    return by_tenant
 
 
 def _held(records) -> dict[str, float]:
@@ -260,7 +319,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
-    parser.add_argument("--sections", default="policies,types", help="policies (with the throughput), types")
+    parser.add_argument("--sections", default="policies,types,cost", help="policies (with the throughput), types, cost")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -301,6 +360,20 @@ def main() -> None:
         )
         fleets(typed, trace, args.seeds)
         typed.finish(args.out.with_name(args.out.stem + "-types.md") if args.out else None)
+    if "cost" in sections:
+        costed = Report(
+            "Scheduler: spend and budgets",
+            "python bench/scheduler.py --sections cost",
+            "The fleets of the section above (equal thirds of V100, P100 and K80 nodes; Gavel's workloads) at "
+            "Google Cloud's 2020 on-demand prices per GPU-hour (V100 $2.48, P100 $1.46, K80 $0.45), phalanx's "
+            "policy. A job's dollars are its runs' GPU-time at their types' prices, preempted runs included. "
+            f"Then the same seed again with every tenant's budget at {BUDGET_SHARE:.0%} of what it spent without "
+            "one: once a tenant's runs have cost its budget its pending jobs wait and the rest never start; its "
+            "running jobs go on, which is what it ends over its budget by. "
+            f"{args.seeds} seeds: mean +- sd; ratios per seed, median and range.",
+        )
+        money(costed, trace, args.seeds)
+        costed.finish(args.out.with_name(args.out.stem + "-cost.md") if args.out else None)
 
 
 if __name__ == "__main__":

@@ -117,8 +117,11 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     page.click("#nav-fleet")
     page.wait_for_selector("#tenants tr[data-tenant='vision']")
     assert "slots in use" in page.inner_text("#capacity")  # --slots: CPU slots, called so
+    page.wait_for_selector("#spend tr[data-tenant='vision']")  # this month's spend: no prices given, $0
+    assert page.inner_text("#spend tr[data-tenant='vision'] td[data-label='monthly budget']") == "none"
     page.screenshot(path=tmp_path / "fleet.png", full_page=True)
     assert page.locator("#tenants tr[data-tenant='audio']").count() == 0
+    assert page.locator("#spend tr[data-tenant='audio']").count() == 0
 
     page.goto(f"{server.url}/ui/#/jobs/{hidden}")  # another tenant's job, by its id
     page.wait_for_selector("main .error:has-text('not found')")

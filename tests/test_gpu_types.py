@@ -5,11 +5,14 @@ long run up to faster GPUs), over random fleets (hypothesis) and by example; and
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
@@ -32,7 +35,7 @@ from phalanx.control.scheduler import (
 from phalanx.control.sim.simulator import ReplayCosts, TrueSpeeds, simulate
 from phalanx.control.sim.trace import TraceJob
 from servers import PhalanxServer
-from test_platform import wait_for
+from test_platform import tiny, wait_for
 
 TYPES = (GpuType("fast", 100.0), GpuType("mid", 40.0), GpuType("slow", 10.0))
 KINDS = {"a": (10.0, 5.0, 1.0), "b": (3.0, 3.0, 2.0), "c": (4.0, 8.0, 0.5)}  # true rates on fast, mid, slow
@@ -175,6 +178,17 @@ def test_a_job_takes_the_fastest_type_with_room_and_waits_a_bounded_time_for_it(
     assert [a.placement for a in impatient.schedule(state, 1.0).admit] == [{"mid0": 8}]
 
 
+def test_a_gang_never_waits_for_a_type_too_small_to_hold_it() -> None:
+    """Two 8-GPU workers: the one fast node could never hold them, so they take the two mid nodes at once."""
+    policy = PredictiveLas()
+    cluster = Cluster([Node("fast0", "f", 8, "fast"), Node("mid0", "m", 8, "mid"), Node("mid1", "m", 8, "mid")])
+    state = State(cluster, [Tenant("t", 24)], Queue(policy.key))
+    state.speeds.observe("a", "fast", 10.0)
+    state.speeds.observe("a", "mid", 1.0)
+    state.submit(Job("wide", "t", 2, 8, 0.0, kind="a", predicted_s=1000.0, queued_at=0.0))
+    assert [a.placement for a in policy.schedule(state, 0.0).admit] == [{"mid0": 8, "mid1": 8}]
+
+
 def test_a_long_run_moves_up_to_faster_gpus_when_they_free_and_takes_them_first() -> None:
     policy = PredictiveLas(budget=0.1)  # a move costs 720 GPU-seconds: 3%
     state = _one_of_each(policy)
@@ -214,11 +228,15 @@ def test_the_replay_runs_each_job_at_its_kinds_true_pace_on_its_type() -> None:
     assert records["three"].gpu_s_by_type == {"slow": 1000.0}  # never on "fast"
 
 
-def test_the_server_places_each_job_on_a_type_it_allows_and_refuses_what_cannot_run(tmp_path: Path) -> None:
-    """`phalanx server --gpu-types H100:1,A100:2`: the local executor offers a node of each declared type.
-    A job that requires A100s runs on the A100 node, one that prefers H100s on the H100 node; a job asking
-    for a type the cluster lacks, or for more of one type than it has, is refused naming the field."""
-    server = PhalanxServer(tmp_path, slots=None, args=("--gpu-types", "H100:1,A100:2"))
+def test_the_server_places_jobs_by_type_prices_their_runs_and_holds_a_tenant_over_budget(tmp_path: Path) -> None:
+    """`phalanx server --gpu-types H100:1,A100:2 --cluster-config prices.yaml`: the local executor offers a node
+    of each declared type. A job that requires A100s runs on the A100 node, one that prefers H100s on the H100
+    node; a job asking for a type the cluster lacks, or for more of one type than it has, is refused naming the
+    field. Each run costs its GPU-hours at its type's price (usage, spend and the counter agree), a recipe job
+    costs so much per million tokens, and a tenant over its monthly budget starts nothing until it is raised."""
+    prices = tmp_path / "prices.yaml"  # $2 and $1 per GPU-second: the money is the seconds held
+    prices.write_text("gpu_types:\n  H100: {price_per_gpu_h: 7200}\n  A100: {price_per_gpu_h: 3600}\n")
+    server = PhalanxServer(tmp_path, slots=None, args=("--gpu-types", "H100:1,A100:2", "--cluster-config", str(prices)))
     try:
         client = server.member("team", 3, "alice")
         assert client.cluster()["types"] == {"H100": 1, "A100": 2}
@@ -239,5 +257,42 @@ def test_the_server_places_each_job_on_a_type_it_allows_and_refuses_what_cannot_
         with pytest.raises(ClientError, match=r"resources.mix_gpu_types: the job needs 3 slots of one type; A100, "
                                               r"the largest of its types, has 2"):  # fmt: skip
             client.submit(spec("too-big", 3, "mix_gpu_types: false"))
+
+        recipe = client.submit(tiny("priced", 4))["id"]  # two workers: the A100 node
+        for job_id in (a100, h100):
+            wait_for(client, job_id, {"CANCELLED"}, timeout=60)
+        wait_for(client, recipe, {"SUCCEEDED"}, timeout=180)
+        usage = client.usage()
+        jobs = {row["job"]: row for row in usage["jobs"]}
+        for job_id, per_gpu_s in ((a100, 1.0), (h100, 2.0), (recipe, 1.0)):
+            row = jobs[job_id]
+            assert row["dollars"] == pytest.approx(row["allocated_gpu_hours"] * 3600 * per_gpu_s, rel=1e-9), row
+        (team,) = usage["tenants"]
+        assert team["dollars"] == pytest.approx(sum(row["dollars"] for row in jobs.values()), rel=1e-9)
+        priced = jobs[recipe]
+        assert priced["tokens"] == pytest.approx(4 * 8 * 32, rel=0.01)  # 4 steps of 8 sequences of 32 tokens
+        assert priced["dollars_per_million_tokens"] == pytest.approx(priced["dollars"] / priced["tokens"] * 1e6)
+        assert jobs[a100]["dollars_per_million_tokens"] is None  # a script that reports no tokens
+        spend = client.spend()
+        assert spend["dollars"] == pytest.approx(team["dollars"]) and spend["tenants"][0]["monthly_budget"] is None
+        metrics = httpx.get(
+            f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token_file.read_text().strip()}"}
+        ).text
+        counter = re.search(r'^phalanx_tenant_cost_dollars_total\{tenant="team"\} (\S+)$', metrics, re.M)
+        assert counter is not None and float(counter[1]) == pytest.approx(team["dollars"])
+
+        server.admin.update_tenant("team", monthly_budget=team["dollars"] / 2)
+        waits = client.submit(spec("over-budget", 1, "gpu_types: [H100]"))["id"]
+        deadline = time.monotonic() + 30
+        while not (job := client.job(waits))["reason"].startswith("budget: tenant team has spent $"):
+            assert job["state"] == "PENDING" and time.monotonic() < deadline, job
+            time.sleep(0.1)
+        assert "its jobs start when the period turns or the budget is raised" in job["reason"]
+        over = client.spend()["tenants"][0]
+        assert over["over_budget"] and over["left"] == pytest.approx(-team["dollars"] / 2)
+        server.admin.update_tenant("team", monthly_budget=1e6)
+        wait_for(client, waits, {"RUNNING"}, timeout=60)
+        client.cancel(waits)
+        wait_for(client, waits, {"CANCELLED"}, timeout=60)
     finally:
         server.stop()

@@ -32,7 +32,7 @@ from phalanx.control.store import (
     user_key,
     user_name,
 )
-from phalanx.control.store.access import Forbidden
+from phalanx.control.store.access import Forbidden, spend
 
 SPEC = "name: t\nresources: {procs_per_node: 1, device: cpu}\ncommand: [python, -c, pass]\n"
 
@@ -139,10 +139,11 @@ def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
     store = open_store(database_url)
     who = _world(store)
     a_job, b_job = _submit(store, who["a-member"]), _submit(store, who["b-member"])
-    with store.write() as s:
-        for job_id in (a_job, b_job):
+    with store.write() as s:  # a's ran 2 s at $1 a second; b's runs at $2 a second
+        for job_id, ended, per_h in ((a_job, 4.0, 3600.0), (b_job, None, 7200.0)):
             job = s.scalar(select(Job).where(Job.id == job_id))
-            s.add(Execution(job=job.seq, tenant=job.tenant, attempt=1, gpus=1, started_at=2.0))
+            s.add(Execution(job=job.seq, tenant=job.tenant, attempt=1, gpus=1, started_at=2.0, ended_at=ended,
+                            dollars_per_h=per_h))  # fmt: skip
     with store.write() as s:
         for role in ("tenant-admin", "member", "viewer"):
             scope = Scope(s, who[f"a-{role}"])
@@ -155,9 +156,13 @@ def test_a_scope_sees_its_tenant_only(database_url: str) -> None:
                 with pytest.raises(NotFound):
                     lookup(key)
             assert scope.jobs(tenant="b") == []
+            assert scope.spend(0.0, 10.0) == {"a": (2.0, 0.0)}
         admin = Scope(s, who["admin"])
         assert {j.id for j in admin.jobs()} == {a_job, b_job}
         assert admin.job(b_job).tenant == "b"
+        assert admin.spend(3.0, 10.0) == {"a": (1.0, 0.0), "b": (14.0, 7200.0)}  # from 3 s on; b until now
+        assert spend(s, 0.0, 10.0, ended_only=True) == {"a": (2.0, 0.0)}
+        assert [e.dollars(3.0, 10.0) for e, _ in admin.executions()] == [1.0, 14.0]  # the same sum, per execution
 
 
 def test_roles_decide_who_may_submit_and_cancel(database_url: str) -> None:

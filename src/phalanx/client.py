@@ -97,9 +97,17 @@ class Client:
         return self._call("GET", "/tenants")
 
     def create_tenant(
-        self, name: str, nominal_gpus: int, cohort: str | None = None, borrowing_limit: int | None = None
+        self,
+        name: str,
+        nominal_gpus: int,
+        cohort: str | None = None,
+        borrowing_limit: int | None = None,
+        monthly_budget: float | None = None,
     ):
-        body = {"name": name, "nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
+        body = {
+            "name": name, "nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit,
+            "monthly_budget": monthly_budget,
+        }  # fmt: skip
         return self._call("POST", "/tenants", json=body)
 
     def update_tenant(self, name: str, **changes: Any) -> dict[str, Any]:
@@ -205,3 +213,6 @@ class Client:
 
     def usage(self, since: float = 0.0) -> dict[str, Any]:
         return self._call("GET", "/usage", params={"since": since})
+
+    def spend(self) -> dict[str, Any]:
+        return self._call("GET", "/spend")

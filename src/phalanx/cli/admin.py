@@ -48,10 +48,12 @@ tenants_app = typer.Typer(no_args_is_help=True, help="Tenants and their quotas (
 @tenants_app.command("list")
 def tenants_list() -> None:
     client = connect()
-    table = Table("tenant", f"quota {call(client.cluster)['unit']}", "cohort", "borrowing limit", box=None)
+    unit = call(client.cluster)["unit"]
+    table = Table("tenant", f"quota {unit}", "cohort", "borrowing limit", "monthly budget", box=None)
     for t in call(client.tenants):
         limit = "-" if t["borrowing_limit"] is None else str(t["borrowing_limit"])
-        table.add_row(t["name"], str(t["nominal_gpus"]), t["cohort"] or "-", limit)
+        budget = "-" if t["monthly_budget"] is None else f"${t['monthly_budget']:,.2f}"
+        table.add_row(t["name"], str(t["nominal_gpus"]), t["cohort"] or "-", limit, budget)
     out.print(table)
 
 
@@ -61,9 +63,13 @@ def tenants_create(
     nominal_gpus: int = typer.Option(..., "--nominal-gpus", min=0, help="GPUs (or CPU slots) guaranteed"),
     cohort: str | None = typer.Option(None, help="share idle GPUs with this cohort's other tenants"),
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
+    monthly_budget: float | None = typer.Option(
+        None, "--monthly-budget", min=0, help="dollars a calendar month; over it, its new jobs wait"
+    ),
 ) -> None:
     client = connect()
-    _said(call(client.create_tenant, name, nominal_gpus, cohort, borrowing_limit), call(client.cluster)["unit"])
+    created = call(client.create_tenant, name, nominal_gpus, cohort, borrowing_limit, monthly_budget)
+    _said(created, call(client.cluster)["unit"])
 
 
 @tenants_app.command("update")
@@ -72,8 +78,12 @@ def tenants_update(
     nominal_gpus: int | None = typer.Option(None, "--nominal-gpus", min=0),
     cohort: str | None = typer.Option(None),
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
+    monthly_budget: float | None = typer.Option(None, "--monthly-budget", min=0, help="dollars a calendar month"),
 ) -> None:
-    changes = {"nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit}
+    changes = {
+        "nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit,
+        "monthly_budget": monthly_budget,
+    }  # fmt: skip
     client = connect()
     changed = call(client.update_tenant, name, **{k: v for k, v in changes.items() if v is not None})
     _said(changed, call(client.cluster)["unit"])
@@ -82,7 +92,8 @@ def tenants_update(
 def _said(t: dict, unit: str) -> None:
     cohort = f"cohort {t['cohort']}" if t["cohort"] else "no cohort"
     limit = f"borrowing limit {t['borrowing_limit']}" if t["borrowing_limit"] is not None else "no borrowing limit"
-    err.print(f"tenant {t['name']}: {t['nominal_gpus']} {unit}, {cohort}, {limit}", highlight=False)
+    budget = f"${t['monthly_budget']:,.2f} a month" if t["monthly_budget"] is not None else "no budget"
+    err.print(f"tenant {t['name']}: {t['nominal_gpus']} {unit}, {cohort}, {limit}, {budget}", highlight=False)
     if t["warning"]:
         err.print(f"[bold yellow]warning[/]: {t['warning']}", highlight=False)
 

@@ -165,22 +165,47 @@ def usage(
     since: str = typer.Option("30d", help="24h, 7d, a date (2026-12-01), or Unix seconds"),
     by_job: bool = typer.Option(False, "--by-job", help="one row per job too"),
 ) -> None:
-    """GPU-hours (or CPU slot-hours) per tenant (and per job): allocated, and productive by the goodput ledger."""
+    """GPU-hours (or CPU slot-hours) per tenant (and per job), allocated and productive by the goodput ledger;
+    what they cost, and per million tokens trained on."""
     client = connect()
     report, unit = call(client.usage, parse_since(since)), call(client.cluster)["unit"].removesuffix("s")
     # not the run's goodput (status, the dashboard): that divides by the run's time, this by the GPUs' held time
-    table = Table("tenant", "job", f"allocated {unit}-h", f"productive {unit}-h", "productive/allocated", box=None)
+    table = Table(
+        "tenant", "job", f"allocated {unit}-h", f"productive {unit}-h", "productive/allocated", "$", "$/M tokens",
+        box=None,
+    )  # fmt: skip
     for row in report["tenants"] + (report["jobs"] if by_job else []):
-        alloc, prod = row["allocated_gpu_hours"], row["productive_gpu_hours"]
+        alloc, prod, per_m = row["allocated_gpu_hours"], row["productive_gpu_hours"], row["dollars_per_million_tokens"]
         table.add_row(
             row["tenant"],
             row["job"] or "(all)",
             f"{alloc:.3f}",
             f"{prod:.3f}",
             f"{prod / alloc:.0%}" if alloc else "-",
+            f"{row['dollars']:,.2f}",
+            "-" if per_m is None else f"{per_m:,.4f}",
         )
     out.print(table)
     err.print(f"from {when(report['since'])} to {when(report['until'])}")
+
+
+def spend() -> None:
+    """This month's dollars per tenant against its monthly budget, and the fleet's spend."""
+    report = call(connect().spend)
+    table = Table("tenant", "spent $", "monthly budget $", "left $", "$/h now", box=None)
+    for t in report["tenants"]:
+        budget, left = t["monthly_budget"], t["left"]
+        table.add_row(
+            t["tenant"] + (" (over budget: new jobs wait)" if t["over_budget"] else ""),
+            f"{t['dollars']:,.2f}",
+            "-" if budget is None else f"{budget:,.2f}",
+            "-" if left is None else f"{left:,.2f}",
+            f"{t['dollars_per_h']:,.2f}",
+        )
+    fleet = (report["dollars"], report["budgets"], report["dollars_per_h"])
+    table.add_row("(fleet)", f"{fleet[0]:,.2f}", f"{fleet[1]:,.2f}", "", f"{fleet[2]:,.2f}")
+    out.print(table)
+    err.print(f"from {when(report['month_start'])} to {when(report['until'])}")
 
 
 def register(app: typer.Typer) -> None:
@@ -193,3 +218,4 @@ def register(app: typer.Typer) -> None:
     app.command()(cancel)
     app.command()(quota)
     app.command()(usage)
+    app.command()(spend)

@@ -33,6 +33,9 @@ def server(
         help="the local executor's slots by GPU type, TYPE:COUNT,... (H100:4,A100:4: devices in that order); "
         "default: all of this machine's GPU model",
     ),
+    cluster_config: Path | None = typer.Option(
+        None, "--cluster-config", help="a YAML file of the GPU types' prices per GPU-hour (docs/platform.md)"
+    ),
     admin_token_file: Path | None = typer.Option(
         None, "--admin-token-file", help="on a new database, write the admin's token here instead of printing it"
     ),
@@ -59,6 +62,7 @@ def server(
     import logging
 
     from phalanx.control.executors.slurm import SlurmError
+    from phalanx.control.server import cluster_config as config
     from phalanx.control.server.main import Settings, serve
     from phalanx.control.store import StoreError
 
@@ -67,6 +71,11 @@ def server(
         declared = _gpu_types(gpu_types) if gpu_types is not None else None
     except ValueError as e:
         err.print(f"[bold red]cannot serve[/]: --gpu-types {gpu_types!r}: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    try:
+        priced = config.load(cluster_config) if cluster_config is not None else ()
+    except ValueError as e:
+        err.print(f"[bold red]cannot serve[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
     settings = Settings(
         data_dir,
@@ -80,6 +89,7 @@ def server(
         max_token_s=max_token_days * 86400,
         cost=PreemptionCost(restart_s, commit_s, commit_s_per_gpu),
         gpu_types=declared,
+        priced=priced,
     )
     try:
         serve(settings)

@@ -3,6 +3,7 @@ the control plane and the trace simulator run the same decisions."""
 
 from phalanx.control.scheduler.actuate import Actuator, apply
 from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
+from phalanx.control.scheduler.budgets import enforce as enforce_budgets
 from phalanx.control.scheduler.cluster import ANY_TYPE, Cluster, GpuType, Node
 from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
@@ -43,5 +44,6 @@ __all__ = [
     "TypesIgnored",
     "Wait",
     "apply",
+    "enforce_budgets",
     "place",
 ]

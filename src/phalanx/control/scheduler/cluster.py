@@ -73,6 +73,7 @@ class Cluster:
             self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
         self.largest = max((node.gpus for node in self.nodes.values()), default=0)  # GPUs of the biggest node
+        self._workers: dict[tuple[str, int], int] = {}  # (type, GPUs per worker) -> workers its nodes hold empty
 
     @classmethod
     def uniform(cls, racks: int, nodes_per_rack: int, gpus_per_node: int) -> Cluster:
@@ -98,6 +99,20 @@ class Cluster:
         (``speeds.Speeds.slowest``), so a mixed placement is named by its types joined with "+"."""
         types = sorted({self.nodes[name].gpu_type for name in placement})
         return "+".join(types)
+
+    def could_hold(self, gpu_type: str, workers: int, per_worker: int) -> bool:
+        """Whether the type's nodes, all free, hold a gang of ``workers`` x ``per_worker`` GPUs: a type that
+        never could is no type to wait for."""
+        key = (gpu_type, per_worker)
+        if (room := self._workers.get(key)) is None:
+            room = self._workers[key] = sum(self.nodes[n].gpus // per_worker for n in self.typed.get(gpu_type, ()))
+        return workers <= room
+
+    def dollars_per_h(self, placement: Mapping[str, int]) -> float:
+        """What a placement costs an hour, at each node's type's on-demand price (a node no longer in the
+        cluster costs nothing: it is gone)."""
+        nodes, types = self.nodes, self.types
+        return sum(gpus * types[nodes[n].gpu_type].price_per_gpu_h for n, gpus in placement.items() if n in nodes)
 
     @property
     def total_gpus(self) -> int:

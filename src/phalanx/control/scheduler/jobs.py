@@ -9,18 +9,22 @@ from dataclasses import dataclass, field
 class Tenant:
     """A team's guarantee: ``nominal_gpus``, always theirs when they ask. Within a ``cohort``, a tenant may also
     borrow GPUs the other members leave idle, up to ``borrowing_limit`` above its nominal (None: no limit);
-    borrowed GPUs are reclaimed, by preemption, when their owner asks for them."""
+    borrowed GPUs are reclaimed, by preemption, when their owner asks for them. ``budget``: the dollars its runs
+    may cost in a budget period (None: no budget); over it, its pending jobs wait (budgets.py)."""
 
     name: str
     nominal_gpus: int
     cohort: str | None = None
     borrowing_limit: int | None = None
+    budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.nominal_gpus < 0:
             raise ValueError(f"tenant {self.name!r}: nominal quota {self.nominal_gpus}; it must be 0 or more GPUs")
         if self.borrowing_limit is not None and self.borrowing_limit < 0:
             raise ValueError(f"tenant {self.name!r}: borrowing_limit {self.borrowing_limit}; 0 or more, or None")
+        if self.budget is not None and not 0 <= self.budget < float("inf"):
+            raise ValueError(f"tenant {self.name!r}: budget {self.budget}; a finite number of dollars >= 0, or None")
 
 
 @dataclass(frozen=True)

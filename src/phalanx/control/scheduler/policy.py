@@ -121,19 +121,22 @@ class PredictiveLas:
     def _types(self, snap: Snapshot, job: Job) -> list[str] | None:
         """The GPU types ``job`` takes now, in order: those it prefers, then the fastest first by the speed
         table. A type slower than its fastest only once it has waited ``wait_for_speed`` of what that type
-        would cost it (ski rental: its predicted duration x (the fastest's speed / that type's - 1)). None
-        when types are ignored: the best fit of any."""
+        would cost it (ski rental: its predicted duration x (the fastest's speed / that type's - 1)); a type
+        too small for the gang even when all free is no type to wait for, and comes last (a gang that may mix
+        types spans it). None when types are ignored: the best fit of any."""
         if not self.speed_aware:
             return None
         allowed = snap.types_of(job)
-        if len(allowed) < 2:
-            return allowed
-        speed = snap.state.speeds.relative(job.kind, allowed)
+        holding = [t for t in allowed if snap.cluster.could_hold(t, job.workers, job.per_worker)]
+        too_small = [t for t in allowed if t not in holding]
+        if len(holding) < 2:
+            return holding + too_small
+        speed = snap.state.speeds.relative(job.kind, holding)
         waited = max(0.0, snap.now - (job.queued_at if job.queued_at is not None else job.submitted))
         slower_costs = job.predicted_s * self.wait_for_speed
         floor = slower_costs / (slower_costs + waited) if slower_costs > 0 else 0.0
-        ranked = sorted(allowed, key=lambda t: (t not in job.prefer, 0.0 if t in job.prefer else -speed[t]))
-        return [t for t in ranked if t in job.prefer or speed[t] >= floor]  # preferred: in types_of's order
+        ranked = sorted(holding, key=lambda t: (t not in job.prefer, 0.0 if t in job.prefer else -speed[t]))
+        return [t for t in ranked if t in job.prefer or speed[t] >= floor] + too_small  # preferred: types_of's order
 
     def _no_room(self, snap: Snapshot, job: Job, types: list[str] | None) -> str:
         shape = _shape(job, snap.cluster)

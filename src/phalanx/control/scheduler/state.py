@@ -1,8 +1,8 @@
 """The scheduler's world between rounds: the cluster, the tenants, the running jobs and the queue. The caller
 (the control plane or the simulator) applies each round's decisions through these methods, which keep the
 cluster's free GPUs, each tenant's GPUs held, the indexes a round reads (victims by what they would lose,
-each tenant's runs in the order they started and those it borrows, the pending jobs that have run before)
-and the GPU-time given out and asked back consistent."""
+each tenant's runs in the order they started and those it borrows, the pending jobs that have run before),
+the GPU-time given out and asked back, and each tenant's spend in the budget period consistent."""
 
 from __future__ import annotations
 
@@ -81,6 +81,12 @@ class State:
         # to leave for another job: what a policy's preemption budget is measured against
         self._given_gpu_s, self._given_at, self._held_total = 0.0, None, 0
         self.evicted_gpus, self.evicted_gpus_sq = 0, 0
+        # money: each tenant's dollars in the budget period from runs that ended (``dollars`` adds the running),
+        # and the pending jobs of the tenants over budget, held out of the queue (budgets.py), with why
+        self.period_start = float("-inf")
+        self.spent: dict[str, float] = dict.fromkeys(self.tenants, 0.0)
+        self.on_hold: dict[str, Job] = {}
+        self.holding: dict[str, str] = {}
         self.cohorts: dict[str, list[str]] = {}
         for tenant in self.tenants.values():
             if tenant.cohort is not None:
@@ -91,6 +97,15 @@ class State:
             raise ValueError(f"job {job.id!r}: tenant {job.tenant!r} is not known; tenants: {sorted(self.tenants)}")
         if job.id in self.running:
             raise ValueError(f"job {job.id!r} is running; it cannot be queued again")
+        self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> None:
+        """Into the queue, or on hold while its tenant is over budget."""
+        if job.tenant in self.holding:
+            if job.id in self.on_hold:
+                raise ValueError(f"job {job.id!r} is already queued")
+            self.on_hold[job.id] = job
+            return
         self.queue.add(job)
         if job.ran:
             self.ran_before[job.id] = None
@@ -145,6 +160,7 @@ class State:
     def stop(self, job_id: str, now: float) -> Run:
         """The job left its GPUs (finished, failed or evicted)."""
         run = self.running.pop(job_id)
+        self.spent[run.job.tenant] += self._run_dollars(run, now)
         self._index(run, add=False)
         self.leaving.discard(job_id)
         del self.runs_of[run.job.tenant][job_id]
@@ -165,17 +181,52 @@ class State:
             queued_at=now,
             ran=(*run.job.ran, (run.started, now)),
         )
-        self.queue.add(job)
-        self.ran_before[job.id] = None
+        self._enqueue(job)
         if by in self.queue.jobs and not any(self.running[r].evicting_for == by for r in self.leaving):
             self.first[by] = None  # its last victim has left
         return job
 
     def withdraw(self, job_id: str) -> Job:
         """A pending job leaves the queue for good (cancelled)."""
+        if job_id in self.on_hold:
+            return self.on_hold.pop(job_id)
         self.first.pop(job_id, None)
         self.ran_before.pop(job_id, None)
         return self.queue.remove(job_id)
+
+    def pending(self) -> Iterator[Job]:
+        """Every pending job: the queue's, then those on hold."""
+        yield from self.queue
+        yield from self.on_hold.values()
+
+    # money ---------------------------------------------------------------------------------------------------
+    def dollars(self, tenant: str, now: float) -> float:
+        """What the tenant's runs have cost in the budget period until ``now``, the running ones included."""
+        return self.spent[tenant] + sum(self._run_dollars(self.running[r], now) for r in self.runs_of[tenant])
+
+    def _run_dollars(self, run: Run, now: float) -> float:
+        return self.cluster.dollars_per_h(run.placement) * max(0.0, now - max(run.started, self.period_start)) / 3600
+
+    def new_period(self, start: float, spent: Mapping[str, float] | None = None) -> None:
+        """A budget period begins at ``start``: each tenant's spend starts again (from ``spent``, the dollars of
+        runs that ended within it, when the caller knows of some)."""
+        self.period_start = start
+        self.spent = {t: (spent or {}).get(t, 0.0) for t in self.tenants}
+
+    def hold(self, tenant: str, reason: str) -> None:
+        """The tenant's pending jobs, and those it queues from now, wait out of the queue; ``reason`` says why."""
+        self.holding[tenant] = reason
+        for job in list(self.queue.of(tenant)):
+            self.withdraw(job.id)
+            self.on_hold[job.id] = job
+
+    def release(self, tenant: str) -> None:
+        """The tenant's held jobs go back to the queue, each in its place (the queue's key is fixed at submit)."""
+        if self.holding.pop(tenant, None) is None:
+            return
+        for job in [j for j in self.on_hold.values() if j.tenant == tenant]:
+            del self.on_hold[job.id]
+            self._enqueue(job)
 
     def _index(self, run: Run, add: bool) -> None:
         runs = self._by_checkpoint.setdefault(run.job.gpus, [])

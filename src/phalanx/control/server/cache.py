@@ -2,7 +2,7 @@
 (submissions and cancellations from the API, starts, ends, preemptions and committed checkpoints from the
 executor) through the same State methods the simulator calls, so a round sees what the simulator's round
 would. It is built from the store when the server starts, and again whenever it cannot be trusted: the
-cluster's capacity or the tenants changed, or a round failed."""
+cluster's capacity or the tenants changed, a budget month began, or a round failed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control import scheduler as core
-from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant
+from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant, month_start
+from phalanx.control.store.access import spend
 from phalanx.obs.events import Event, read_jsonl_from
 from phalanx.obs.rundir import RunDir
 
@@ -39,12 +40,16 @@ class Cache:
         self.read_to: dict[str, int] = {}  # run directory -> bytes of its events already read
 
     # --- built from the store
-    def load(self, s: Session, nodes: list[core.Node], now: float, unit: str = "GPUs") -> core.State:
-        """The state from the store: the tenants, the running jobs where they run (their last committed
-        checkpoints read from their run directories), the queue, and the jobs that take the room made for them
-        first."""
+    def load(
+        self, s: Session, nodes: list[core.Node], now: float, unit: str = "GPUs", types: Sequence[core.GpuType] = ()
+    ) -> core.State:
+        """The state from the store: the tenants and what they spent this month, the running jobs where they
+        run (their last committed checkpoints read from their run directories), the queue, and the jobs that
+        take the room made for them first. ``types``: the GPU types as the operator priced them."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
-        state = core.State(core.Cluster(nodes, unit), self._tenants(s), core.Queue(self.policy.key))
+        state = core.State(core.Cluster(nodes, unit, types), self._tenants(s), core.Queue(self.policy.key))
+        month = month_start(now)
+        state.new_period(month, {t: d for t, (d, _) in spend(s, month, now, ended_only=True).items()})
         self.predictor = self._history(s)
         ran = self._ran(s)
         active = s.scalars(select(Job).where(Job.state.in_(ACTIVE)).order_by(Job.seq)).all()
@@ -69,7 +74,7 @@ class Cache:
 
     def _tenants(self, s: Session) -> list[core.Tenant]:
         rows = s.scalars(select(Tenant).order_by(Tenant.name))
-        return [core.Tenant(t.name, t.nominal_gpus, t.cohort, t.borrowing_limit) for t in rows]
+        return [core.Tenant(t.name, t.nominal_gpus, t.cohort, t.borrowing_limit, t.monthly_budget) for t in rows]
 
     def _history(self, s: Session) -> core.DurationPredictor:
         """The predictor fed as the loop feeds it: each finished job's GPU-holding time over its executions,
@@ -120,18 +125,20 @@ class Cache:
         )
 
     # --- kept current
-    def sync(self, s: Session) -> None:
+    def sync(self, s: Session, now: float) -> None:
         """What the API changed since the last round: jobs submitted or cancelled while queued, cancellations
-        asked of running jobs. Raises Stale when the tenants changed."""
+        asked of running jobs. Raises Stale when the tenants changed or a budget month began."""
         state = self.state
         assert state is not None
         if self._tenants(s) != list(state.tenants.values()):
             raise Stale("the tenants changed")
+        if month_start(now) != state.period_start:
+            raise Stale("a budget month began")
         pending = dict(s.execute(select(Job.id, Job.seq).where(Job.state == JobState.PENDING)).all())
-        for job_id in [j for j in state.queue.jobs if j not in pending]:
+        for job_id in [j for j in (*state.queue.jobs, *state.on_hold) if j not in pending]:
             state.withdraw(job_id)
             self.reasons.pop(job_id, None)
-        new = [seq for job_id, seq in pending.items() if job_id not in state.queue.jobs]
+        new = [seq for job_id, seq in pending.items() if job_id not in state.queue.jobs and job_id not in state.on_hold]
         if new:
             wanted = set(new)
             rows = s.execute(

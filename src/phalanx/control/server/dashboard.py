@@ -125,8 +125,8 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
 
 
 def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, Any]:
-    """GPUs in use per tenant against quota and borrowing, the queue with why each job waits, preemptions, and
-    the GPUs allocated over the last day."""
+    """GPUs in use per tenant against quota and borrowing, the queue with why each job waits, preemptions, the
+    GPUs allocated over the last day, and this month's spend against the budgets."""
     now = time.time() if now is None else now
     queue = caller.jobs(states=[JobState.PENDING], limit=JOBS_SHOWN)
     since = now - 24 * 3600
@@ -146,6 +146,7 @@ def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, A
         ],
         "queue": [_queued(j, now) for j in queue],
         "utilisation": _utilisation([e for e, _ in executions], since, now),
+        "spend": views.spend(caller, now).model_dump(),
     }
 
 

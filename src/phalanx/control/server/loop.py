@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +44,10 @@ class Controller:
         policy: core.Policy | None = None,
         tick_s: float = 0.5,
         clock: Callable[[], float] = time.time,
+        types: Sequence[core.GpuType] = (),
     ):
         self.store, self.executor = store, executor
+        self.types = tuple(types)  # the GPU types as the operator priced them
         self.policy = policy or core.PredictiveLas()
         self.tick_s, self.clock = tick_s, clock
         self.cache = Cache(self.policy)
@@ -103,11 +105,11 @@ class Controller:
         with self.store.read() as s:
             if self.cache.state is not None and nodes == self.cache.nodes:
                 try:
-                    self.cache.sync(s)
+                    self.cache.sync(s, now)
                     return
                 except Stale as e:
                     log.info("rebuilding the scheduler's cache: %s", e)
-            self.cache.load(s, nodes, now, self.executor.unit)
+            self.cache.load(s, nodes, now, self.executor.unit, self.types)
 
     # --- 1: what the executor says about running jobs
     def _reconcile(self, now: float) -> None:
@@ -166,13 +168,13 @@ class Controller:
         if said is None:
             return Observed(status, checkpoints, checkpoint_step=_newest_checkpoint(job))
         productive_s = said.ledger.seconds["productive"]
-        return Observed(status, checkpoints, productive_s, _newest_checkpoint(job), said.steps_done)
+        return Observed(status, checkpoints, productive_s, _newest_checkpoint(job), said.steps_done, said.tokens_run)
 
     def _ended(self, s: Session, job: Job, execution: Execution, seen: Observed, now: float) -> tuple:
         """Record the end of the job's execution; returns it for the cache: (job, how, held seconds, cause)."""
         status = seen.status
         execution.ended_at, execution.outcome = now, status.outcome or "lost"
-        execution.productive_s = seen.productive_s
+        execution.productive_s, execution.tokens = seen.productive_s, seen.tokens
         job.steps_done = seen.steps_done if seen.steps_done is not None else job.steps_done
         job.handle, job.placement = None, None
         how = "gone"
@@ -220,13 +222,17 @@ class Controller:
             self._round(state, now)
 
     def _round(self, state: core.State, now: float) -> None:
+        core.enforce_budgets(state, now)
         decided = self.policy.schedule(state, now)
         with self.store.write() as s:
             core.apply(decided, state, _Recorder(s), now)
             reasons = {}
-            for job in state.queue:
-                why = decided.why(job.id)
-                text = f"{why.kind}: {why.reason}"  # stable across rounds: rewritten only when it changes
+            for job in state.pending():
+                if job.id in state.on_hold:
+                    text = f"budget: {state.holding[job.tenant]}"
+                else:
+                    why = decided.why(job.id)
+                    text = f"{why.kind}: {why.reason}"  # stable across rounds: rewritten only when it changes
                 if self.cache.reasons.get(job.id) != text:
                     reasons[job.id] = self.cache.reasons[job.id] = text
             if reasons:  # one statement for many rows (executemany)
@@ -262,7 +268,17 @@ class Controller:
                     failed.append((row.id, "gone", 0.0, row.reason))
                     continue
                 row.handle = handle
-                s.add(Execution(job=row.seq, tenant=row.tenant, attempt=row.attempt, gpus=row.gpus, started_at=now))
+                price = self.cache.state.cluster.dollars_per_h(row.placement) if self.cache.state else 0.0
+                s.add(
+                    Execution(
+                        job=row.seq,
+                        tenant=row.tenant,
+                        attempt=row.attempt,
+                        gpus=row.gpus,
+                        started_at=now,
+                        dollars_per_h=price,
+                    )
+                )
                 move(s, row, JobState.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)
         if failed:
             self.cache.ended(failed, self.clock())
@@ -294,13 +310,14 @@ class Controller:
 class Observed:
     """What the loop found of a running job with no transaction open: its status, when the checkpoints it
     committed since the last look did, and once it ended, what its run left (productive seconds, from its
-    goodput ledger; the newest committed checkpoint's step; the steps it had done)."""
+    goodput ledger; the newest committed checkpoint's step; the steps it had done; the tokens it trained on)."""
 
     status: Status
     checkpoints: list[float]
     productive_s: float | None = None
     checkpoint_step: int | None = None
     steps_done: int | None = None
+    tokens: float | None = None
 
     def says_more(self, job: Job) -> bool:
         """What the cluster says of a running job (pending in its queue, running where, requeued) is new, and

@@ -37,6 +37,7 @@ class Settings:
     max_token_s: float = MAX_TOKEN_S  # the longest a token may live, whoever makes it
     cost: core.PreemptionCost = field(default_factory=core.PreemptionCost)  # on this cluster: the scheduler's budget
     gpu_types: dict[str, int] | None = None  # the local executor's slots by GPU type, declared; None: as found
+    priced: tuple[core.GpuType, ...] = ()  # the GPU types as the operator described them (cluster_config.py)
 
     @property
     def database_url(self) -> str:
@@ -72,7 +73,7 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     executor = executor or make_executor(settings, jobs_dir)
     token = bootstrap(store)
     policy = core.PredictiveLas(cost=settings.cost)
-    controller = Controller(store, executor, policy, tick_s=settings.tick_s)
+    controller = Controller(store, executor, policy, tick_s=settings.tick_s, types=settings.priced)
     types: dict[str, int] = {}
     for node in executor.capacity():
         types[node.gpu_type] = types.get(node.gpu_type, 0) + node.gpus

@@ -9,7 +9,8 @@ Per execution of a job (labels ``tenant``, ``job_id``, ``execution``), while it 
 time, timestamp (to alert on a stalled job), loss, tokens/s, MFU, data wait and peak memory, the goodput of the
 execution so far, restarts by cause and checkpoint blocking time; and ``phalanx_job_info`` with its name and
 owner. Per tenant: jobs by state, those that ended by final state (a counter), the queue, GPUs allocated
-against quota and borrowing limit, preemptions, and the admission latency histogram."""
+against quota and borrowing limit, preemptions, dollars spent (a counter) and the monthly budget, and the
+admission latency histogram."""
 
 from __future__ import annotations
 
@@ -75,6 +76,15 @@ class ServerCollector(Collector):
         preemptions = CounterMetricFamily(
             "phalanx_preemptions", "times the tenant's jobs were preempted to make room", labels=["tenant"]
         )
+        cost = CounterMetricFamily(
+            "phalanx_tenant_cost_dollars",
+            "what the tenant's executions cost, each at its placement's on-demand price when it started",
+            labels=["tenant"],
+        )
+        budget = GaugeMetricFamily(
+            "phalanx_tenant_monthly_budget_dollars", "the dollars the tenant may spend in a month", labels=["tenant"]
+        )
+        spent = self.caller.spend(0.0, time.time())
         for load in self.caller.tenant_loads():
             t = load.tenant
             for state in JobState:
@@ -86,7 +96,10 @@ class ServerCollector(Collector):
             if t.borrowing_limit is not None:
                 borrowing.add_metric([t.name], t.borrowing_limit)
             preemptions.add_metric([t.name], load.preemptions)
-        yield from (jobs, ended, queue, allocated, quota, borrowing, preemptions)
+            cost.add_metric([t.name], spent.get(t.name, (0.0, 0.0))[0])
+            if t.monthly_budget is not None:
+                budget.add_metric([t.name], t.monthly_budget)
+        yield from (jobs, ended, queue, allocated, quota, borrowing, preemptions, cost, budget)
 
     def _admissions(self) -> Iterator[Metric]:
         """Each admission's wait since the job was last queued, from the transitions."""

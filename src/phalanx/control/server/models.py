@@ -13,6 +13,7 @@ from phalanx.spec import MAX_SPEC_CHARS
 NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME, description="lower-case letters, digits and '-', at most 63")]
 Gpus = Annotated[int, Field(ge=0, le=1_000_000)]
+Dollars = Annotated[float, Field(ge=0, le=1e12)]
 
 
 # A user as the API names it: its name within its tenant (the store keys a tenant's users <tenant>/<name>).
@@ -32,6 +33,9 @@ class TenantIn(In):
     nominal_gpus: Gpus = Field(description="GPUs guaranteed to the tenant (its nominal quota)")
     cohort: Name | None = Field(default=None, description="tenants of one cohort may borrow each other's idle GPUs")
     borrowing_limit: Gpus | None = Field(default=None, description="at most this many GPUs above its quota")
+    monthly_budget: Dollars | None = Field(
+        default=None, description="dollars its runs may cost in a calendar month (UTC); over it, its jobs wait"
+    )
 
 
 class TenantPatch(In):
@@ -40,6 +44,7 @@ class TenantPatch(In):
     nominal_gpus: Gpus = Field(default=None, description="leave it out to keep the quota")  # type: ignore[assignment]
     cohort: Name | None = None
     borrowing_limit: Gpus | None = None
+    monthly_budget: Dollars | None = None
 
 
 class TenantOut(Out):
@@ -47,6 +52,7 @@ class TenantOut(Out):
     nominal_gpus: int
     cohort: str | None
     borrowing_limit: int | None
+    monthly_budget: float | None = None
     created_at: float
     warning: str | None = Field(default=None, description="what may not be what was meant (a create or update)")
 
@@ -197,6 +203,9 @@ class Usage(BaseModel):
     job: str | None = None
     allocated_gpu_hours: float
     productive_gpu_hours: float
+    dollars: float = Field(description="what its executions cost, each at its placement's price when it started")
+    tokens: float = Field(description="tokens trained on (tokens/s x step time, where the run reports both)")
+    dollars_per_million_tokens: float | None = Field(description="None: no tokens reported")
 
 
 class UsageReport(BaseModel):
@@ -204,3 +213,23 @@ class UsageReport(BaseModel):
     until: float
     tenants: list[Usage]
     jobs: list[Usage]
+
+
+class TenantSpend(BaseModel):
+    tenant: str
+    dollars: float = Field(description="this month's, running executions until now")
+    monthly_budget: float | None
+    left: float | None = Field(description="budget - dollars; None: no budget")
+    over_budget: bool = Field(description="its pending jobs wait until the month turns or the budget is raised")
+    dollars_per_h: float = Field(description="what its running executions cost an hour now")
+
+
+class Spend(BaseModel):
+    """The fleet's spend this calendar month (UTC) against the tenants' budgets."""
+
+    month_start: float
+    until: float
+    dollars: float
+    budgets: float = Field(description="the budgets of the tenants that have one, summed")
+    dollars_per_h: float
+    tenants: list[TenantSpend]

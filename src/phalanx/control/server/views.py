@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.checkpoint import CheckpointDir
-from phalanx.control.server.models import JobStory, LogChunk, Restart, Stop, Usage, UsageReport
-from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope
+from phalanx.control.server.models import JobStory, LogChunk, Restart, Spend, Stop, TenantSpend, Usage, UsageReport
+from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope, month_start
 from phalanx.obs.digest import digest
 from phalanx.obs.events import read_jsonl
 from phalanx.obs.goodput import CATEGORIES
@@ -119,35 +119,71 @@ def checkpoints(job: Job) -> list[dict[str, Any]]:
 
 
 def usage(scope: Scope, since: float, now: float) -> UsageReport:
-    """GPU-hours from ``since`` to now: allocated (GPUs x time held) and productive (GPUs x the goodput ledger's
-    productive time), per tenant and per job; an execution that overlaps ``since`` counts in proportion."""
-    tenants: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    jobs: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    """GPU-hours from ``since`` to now, allocated (GPUs x time held) and productive (GPUs x the goodput ledger's
+    productive time), the dollars they cost and the tokens trained on, per tenant and per job; an execution
+    that overlaps ``since`` counts in proportion."""
+    tenants: dict[str, list[float]] = defaultdict(lambda: [0.0] * 4)
+    jobs: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * 4)
     for e, job_id in scope.executions(since=since):
         end = e.ended_at if e.ended_at is not None else now
         held = max(0.0, end - e.started_at)
         inside = max(0.0, end - max(e.started_at, since))
         share = inside / held if held > 0 else 0.0
-        allocated = e.gpus * inside / 3600
-        productive = e.gpus * _productive_s(e) * share / 3600
+        productive_s, tokens = _figures(e)
+        figures = (e.gpus * inside / 3600, e.gpus * productive_s * share / 3600, e.dollars(since, now), tokens * share)
         for row in (tenants[e.tenant], jobs[(e.tenant, job_id)]):
-            row[0] += allocated
-            row[1] += productive
+            for i, value in enumerate(figures):
+                row[i] += value
     return UsageReport(
         since=since,
         until=now,
-        tenants=[
-            Usage(tenant=t, allocated_gpu_hours=a, productive_gpu_hours=p) for t, (a, p) in sorted(tenants.items())
-        ],
-        jobs=[Usage(tenant=t, job=j, allocated_gpu_hours=a, productive_gpu_hours=p) for (t, j), (a, p) in jobs.items()],
+        tenants=[_usage(t, None, figures) for t, figures in sorted(tenants.items())],
+        jobs=[_usage(t, j, figures) for (t, j), figures in jobs.items()],
     )
 
 
-def _productive_s(e: Execution) -> float:
-    if e.productive_s is not None:
-        return e.productive_s
-    said = digest(RunDir(Path(e.run_dir))) if e.run_dir else None  # still running: its ledger so far
-    return said.ledger.seconds["productive"] if said is not None else 0.0
+def _usage(tenant: str, job: str | None, figures: list[float]) -> Usage:
+    allocated, productive, dollars, tokens = figures
+    return Usage(
+        tenant=tenant, job=job, allocated_gpu_hours=allocated, productive_gpu_hours=productive, dollars=dollars,
+        tokens=tokens, dollars_per_million_tokens=dollars / tokens * 1e6 if tokens > 0 else None,
+    )  # fmt: skip
+
+
+def spend(scope: Scope, now: float) -> Spend:
+    """This calendar month's dollars per visible tenant against its budget, and the fleet's."""
+    since = month_start(now)
+    money = scope.spend(since, now)
+    rows = []
+    for tenant in scope.tenants():
+        dollars, per_h = money.get(tenant.name, (0.0, 0.0))
+        budget = tenant.monthly_budget
+        rows.append(
+            TenantSpend(
+                tenant=tenant.name,
+                dollars=dollars,
+                monthly_budget=budget,
+                left=None if budget is None else budget - dollars,
+                over_budget=budget is not None and dollars >= budget,
+                dollars_per_h=per_h,
+            )
+        )
+    return Spend(
+        month_start=since, until=now, dollars=sum(r.dollars for r in rows),
+        budgets=sum(r.monthly_budget for r in rows if r.monthly_budget is not None),
+        dollars_per_h=sum(r.dollars_per_h for r in rows), tenants=rows,
+    )  # fmt: skip
+
+
+def _figures(e: Execution) -> tuple[float, float]:
+    """(productive seconds, tokens) of an execution: as kept when it ended; else as its run's files say (a
+    running one's so far, or one that ended before both were kept)."""
+    if e.productive_s is not None and e.tokens is not None:
+        return e.productive_s, e.tokens
+    said = digest(RunDir(Path(e.run_dir))) if e.run_dir else None
+    if said is None:
+        return e.productive_s or 0.0, e.tokens or 0.0
+    return said.ledger.seconds["productive"], said.tokens_run
 
 
 def last_line(path: Path) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 as tenants in one cohort with quotas proportional to their GPU-time share, every policy on the same cluster,
 placement and costs, and each tenant also alone on its quota (finish-time fairness needs that reference).
 With a ``fleet`` of several GPU types, the same total of GPUs in the fleet's types, each job a workload of
-the fleet's table (fleet.py); no tenant is replayed alone then (a quota is not tied to a type)."""
+the fleet's table (fleet.py); no tenant is replayed alone then (a quota is not tied to a type). ``budgets``
+give tenants a budget for the whole replay, priced at the fleet's types' on-demand prices."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Scenario:
     seed: int = 0
     limit: int | None = None  # the first N jobs only (a quick look)
     fleet: Fleet | None = None  # several GPU types; None: one
+    budgets: dict[str, float] = field(default_factory=dict)  # tenant -> the dollars it may spend in the replay
 
     @property
     def gpus(self) -> int:
@@ -39,7 +41,8 @@ class Scenario:
     def jobs(self) -> tuple[list[TraceJob], list[Tenant]]:
         jobs, shares = philly(self.trace, self.start, self.end)
         cohort = "all" if self.borrowing else None
-        tenants = [Tenant(name, gpus, cohort) for name, gpus in quotas(shares, self.gpus).items()]
+        quota = quotas(shares, self.gpus)
+        tenants = [Tenant(name, gpus, cohort, budget=self.budgets.get(name)) for name, gpus in quota.items()]
         jobs = jobs[: self.limit]
         return (self.fleet.assign(jobs, self.seed) if self.fleet else jobs), tenants
 

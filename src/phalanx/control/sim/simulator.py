@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.control.scheduler.actuate import apply
+from phalanx.control.scheduler.budgets import enforce as enforce_budgets
 from phalanx.control.scheduler.cluster import Cluster, Node
 from phalanx.control.scheduler.costs import PreemptionCost
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Tenant
@@ -56,6 +57,8 @@ class JobRecord:
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     gpu_s_by_type: dict[str, float] = field(default_factory=dict)  # GPU-seconds held on each GPU type
+    dollars: float = 0.0  # what its runs cost, at each type's on-demand price
+    held: bool = False  # never finished: its tenant's budget was spent (``finish`` stays None)
 
     @property
     def jct(self) -> float:
@@ -167,6 +170,7 @@ class _Replay:
         self.epochs = dict.fromkeys(self.work, 0)
         self.runs: dict[str, ModelledRun] = {}
         self.on_type: dict[str, str] = {}  # running job -> the GPU type of its placement
+        self.dollars_per_h: dict[str, float] = {}  # running job -> what its placement costs an hour
         self.held_s = dict.fromkeys(self.work, 0.0)  # GPU-holding time over the job's runs
         self.started_seq: dict[str, int] = {}  # running job -> its place in the order the runs started
         self.snapshot: dict[str, float] = {}  # victim -> its work left at the checkpoint it was asked for
@@ -187,6 +191,7 @@ class _Replay:
         record = self.outcome.records[admit.job]
         record.waited_s += now - self.state.queue.jobs[admit.job].queued_at  # still queued: apply starts it next
         gpu_type = self.on_type[admit.job] = self.cluster.type_of(admit.placement)
+        self.dollars_per_h[admit.job] = self.cluster.dollars_per_h(admit.placement)
         kind = self.arrivals[admit.job].job.kind
         speed = self.truth.speed(kind, gpu_type) if self.truth is not None else 1.0
         ran_before = record.preemptions > 0
@@ -210,6 +215,7 @@ class _Replay:
         self.held_s[job_id] += t - run.started
         record, gpu_type = self.outcome.records[job_id], self.on_type.pop(job_id)
         record.gpu_s_by_type[gpu_type] = record.gpu_s_by_type.get(gpu_type, 0.0) + record.gpus * (t - run.started)
+        record.dollars += self.dollars_per_h.pop(job_id) * (t - run.started) / 3600
         self._observe(job_id, gpu_type)
         return run
 
@@ -240,7 +246,12 @@ class _Replay:
     def run(self) -> Replayed:
         began, state, outcome = time.perf_counter(), self.state, self.outcome
         remaining, last_t = len(self.work), 0.0
+        budgeted = any(tenant.budget is not None for tenant in state.tenants.values())
         while remaining:
+            if not self.events and remaining == len(state.on_hold):  # the rest wait for budgets: they never run
+                for job_id in state.on_hold:
+                    outcome.records[job_id].held = True
+                break
             if not self.events:
                 stuck = sorted(state.queue.jobs)
                 example = f"{stuck[0]} ({state.queue.jobs[stuck[0]].gpus} GPUs)"
@@ -277,6 +288,8 @@ class _Replay:
                     self._evict(job_id, t)
                 changed = True
             if changed:
+                if budgeted:
+                    enforce_budgets(state, t)
                 apply(self.policy.schedule(state, t), state, self, t)
         outcome.wall_s = time.perf_counter() - began
         return outcome

@@ -14,6 +14,7 @@ from phalanx.control.store.schema import (
     Token,
     Transition,
     User,
+    month_start,
     user_key,
     user_name,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "User",
     "connect",
     "migrate",
+    "month_start",
     "open_store",
     "user_key",
     "user_name",

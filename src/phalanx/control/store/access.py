@@ -8,7 +8,7 @@ import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control.store.schema import (
@@ -134,6 +134,10 @@ class Scope:
             preemptions[tenant] += preempted or 0
         return [TenantLoad(t, jobs[t.name], gpus[t.name], preemptions[t.name]) for t in tenants]
 
+    def spend(self, since: float, now: float) -> dict[str, tuple[float, float]]:
+        """Each visible tenant's (dollars from ``since`` to ``now``, dollars an hour of its running executions)."""
+        return spend(self.session, since, now, tenant=None if self.who.is_admin else self.who.tenant)
+
     def jobs(
         self,
         states: Sequence[str] = (),
@@ -247,3 +251,23 @@ class Scope:
         through this scope, so it is of the caller's tenant)."""
         if user.name != self.who.key:
             self.require(Role.TENANT_ADMIN, action=f"managing user {user_name(user.name)}'s tokens")
+
+
+def spend(
+    session: Session, since: float, now: float, ended_only: bool = False, tenant: str | None = None
+) -> dict[str, tuple[float, float]]:
+    """Each tenant's (dollars its executions cost from ``since`` to ``now``, the running ones until now, and
+    what its running executions cost an hour), in one query (``Execution.dollars``, summed). ``ended_only``:
+    of the executions that ended; ``tenant``: of that tenant's only."""
+    start = case((Execution.started_at > since, Execution.started_at), else_=since)
+    end = func.coalesce(Execution.ended_at, now)
+    stmt = select(
+        Execution.tenant,
+        func.sum(Execution.dollars_per_h * case((end > start, end - start), else_=0.0)) / 3600,
+        func.sum(case((Execution.ended_at.is_(None), Execution.dollars_per_h), else_=0.0)),
+    )
+    ended = Execution.ended_at >= since
+    stmt = stmt.where(ended if ended_only else Execution.ended_at.is_(None) | ended)
+    if tenant is not None:
+        stmt = stmt.where(Execution.tenant == tenant)
+    return {t: (float(d or 0.0), float(h or 0.0)) for t, d, h in session.execute(stmt.group_by(Execution.tenant))}

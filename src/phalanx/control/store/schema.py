@@ -4,6 +4,7 @@ stored as the resolved YAML the job runs with."""
 from __future__ import annotations
 
 import enum
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
@@ -31,14 +32,22 @@ class Base(DeclarativeBase):
     type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[str]: JSON}
 
 
+def month_start(ts: float) -> float:
+    """The start of ``ts``'s calendar month (UTC): a budget's period."""
+    at = datetime.fromtimestamp(ts, UTC)
+    return datetime(at.year, at.month, 1, tzinfo=UTC).timestamp()
+
+
 class Tenant(Base):
-    """A team: its guaranteed GPUs (``nominal_gpus``), and the cohort whose idle GPUs it may borrow."""
+    """A team: its guaranteed GPUs (``nominal_gpus``), the cohort whose idle GPUs it may borrow, and the dollars
+    its runs may cost in a calendar month (``monthly_budget``; None: no budget)."""
 
     __tablename__ = "tenants"
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     nominal_gpus: Mapped[int] = mapped_column(Integer)
     cohort: Mapped[str | None] = mapped_column(String(63))
     borrowing_limit: Mapped[int | None] = mapped_column(Integer)
+    monthly_budget: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -129,7 +138,9 @@ class Transition(Base):
 
 
 class Execution(Base):
-    """One start of a job on the executor, from start to exit: what usage is counted from."""
+    """One start of a job on the executor, from start to exit: what usage is counted from. Its price is fixed
+    when it starts (``dollars_per_h``: its placement at its types' on-demand prices then), so a price changed
+    later never rewrites what it cost."""
 
     __tablename__ = "executions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -142,3 +153,10 @@ class Execution(Base):
     run_dir: Mapped[str | None] = mapped_column(Text)
     outcome: Mapped[str | None] = mapped_column(String(16))
     productive_s: Mapped[float | None] = mapped_column(Float)  # from the run's goodput ledger, once it ended
+    tokens: Mapped[float | None] = mapped_column(Float)  # trained on, from its step metrics, once it ended
+    dollars_per_h: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+    def dollars(self, since: float, until: float) -> float:
+        """What it cost between ``since`` and ``until`` (it runs until ``until`` if it has not ended)."""
+        end = min(self.ended_at, until) if self.ended_at is not None else until
+        return self.dollars_per_h * max(0.0, end - max(self.started_at, since)) / 3600

@@ -10,7 +10,7 @@ from fastapi import Query
 from phalanx.control.server import views
 from phalanx.control.server.deps import Server, ServerDep, Token
 from phalanx.control.server.lifecycle import Conflict
-from phalanx.control.server.models import Cluster, Quota, TenantIn, TenantOut, TenantPatch, UsageReport
+from phalanx.control.server.models import Cluster, Quota, Spend, TenantIn, TenantOut, TenantPatch, UsageReport
 from phalanx.control.server.routes import router as _router
 from phalanx.control.store import Tenant
 
@@ -96,3 +96,10 @@ def usage(
 ) -> UsageReport:
     with server.scope(token) as caller:
         return views.usage(caller, since, time.time())
+
+
+@router.get("/api/v1/spend", tags=["tenants"])
+def spend(server: ServerDep, token: Token) -> Spend:
+    """This calendar month's (UTC) dollars per tenant against its monthly budget, and the fleet's."""
+    with server.scope(token) as caller:
+        return views.spend(caller, time.time())

@@ -426,7 +426,9 @@ function fleetPage() {
     <table id="tenants"><thead><tr><th>tenant</th><th>in use / quota</th><th></th><th>borrowing limit</th><th>preemptions</th></tr></thead><tbody></tbody></table>
     <h2>Queue</h2>
     <table id="queue"><thead><tr><th>job</th><th>tenant</th><th>${unit}</th><th>priority</th><th>waiting</th><th>why</th></tr></thead><tbody></tbody></table>
-    <h2>Utilisation, last 24 hours</h2><div id="chart-utilisation"></div>`;
+    <h2>Utilisation, last 24 hours</h2><div id="chart-utilisation"></div>
+    <h2>Spend this month</h2><p id="spend-total"></p>
+    <table id="spend"><thead><tr><th>tenant</th><th>spent</th><th>monthly budget</th><th></th><th>now</th></tr></thead><tbody></tbody></table>`;
   const used = chart($("#chart-utilisation"), `${unit} allocated, the most in each 12 minutes`, unit, (v) => num(v, 1),
     "no execution in the last 24 hours", false);
   live("fleet", null, (d) => {
@@ -446,6 +448,14 @@ function fleetPage() {
       <td data-label="waiting">${duration(q.waiting_s)}</td><td data-label="why" class="why">${esc(q.why)}</td></tr>`).join("")
       || "<tr><td colspan=\"6\" class=\"why\">nothing waits</td></tr>";
     used.show(d.utilisation.ts, d.utilisation.max);
+    const money = (v) => `$${num(v, 2)}`;
+    const spend = d.spend;
+    $("#spend-total").textContent = `${money(spend.dollars)} spent of ${money(spend.budgets)} budgeted; ${money(spend.dollars_per_h)} an hour now`;
+    $("#spend tbody").innerHTML = spend.tenants.map((t) => `<tr data-tenant="${esc(t.tenant)}"><td data-label="tenant">${esc(t.tenant)}</td>
+      <td data-label="spent">${money(t.dollars)}</td><td data-label="monthly budget">${t.monthly_budget == null ? "none" : money(t.monthly_budget)}</td>
+      <td data-label="share of the budget">${t.monthly_budget ? `<div class="bar" style="width:12em"><span style="width:${Math.min(100, (100 * t.dollars) / t.monthly_budget)}%"></span></div>` : ""}
+        ${t.over_budget ? "<span class=\"why\">over budget: new jobs wait</span>" : ""}</td>
+      <td data-label="now">${money(t.dollars_per_h)}/h</td></tr>`).join("");
   });
 }
 
