@@ -22,6 +22,7 @@ from phalanx.control.executors.local import gpu_type_name
 from phalanx.control.scheduler import (
     POLICIES,
     Cluster,
+    GavelLike,
     GpuType,
     Job,
     Node,
@@ -75,50 +76,97 @@ def fleets(draw: st.DrawFn) -> tuple[Cluster, list[tuple[float, str, Job | str]]
 def test_no_gang_mixes_types_unless_allowed_and_required_types_are_honoured() -> None:
     """Every policy, every round: each admission lies on nodes of the types its job allows, one type unless
     the job may mix them (and then only when no one type held it), and no GPU is given twice; phalanx's moves
-    to faster GPUs (a run preempted for itself) keep the same rules."""
+    to faster GPUs (a run preempted for itself) keep the same rules. Gavel-like solves two linear programs a
+    round: fewer fleets of its own."""
     seen: Counter[str] = Counter()
 
     @seed(2)
     @settings(max_examples=400, deadline=None, database=None)
-    @given(fleets(), st.sampled_from(sorted(POLICIES)))
+    @given(fleets(), st.sampled_from(sorted(set(POLICIES) - {"gavel-like"})))
     def check(fleet: tuple, name: str) -> None:
-        cluster, events = fleet
         policy = POLICIES[name]()
         if isinstance(policy, PredictiveLas):  # no waiting for a faster type, and a budget these worlds reach:
             policy = replace(policy, budget=1.0, wait_for_speed=0.0)  # runs on slower types, then moves up
-        state = State(cluster, [Tenant("t", cluster.total_gpus)], Queue(policy.key))
-        for now, what, job in events:
-            if what == "arrive":
-                state.submit(job)
-            elif job in state.running:
-                run = state.stop(job, now)
-                if (gpu_type := cluster.type_of(run.placement)) in RATE:
-                    state.speeds.observe(run.job.kind, gpu_type, RATE[gpu_type][run.job.kind])
-            for _ in range(6):
-                decided = policy.schedule(state, now)
-                for admit in decided.admit:
-                    job_ = state.queue.jobs[admit.job]
-                    types = {cluster.nodes[n].gpu_type for n in admit.placement}
-                    assert not job_.gpu_types or types <= set(job_.gpu_types), (admit, job_.gpu_types)
-                    if len(types) > 1:
-                        assert job_.mix_types, admit
-                        allowed = job_.gpu_types or cluster.types
-                        assert all(place(cluster, job_.workers, job_.per_worker, (t,)) is None for t in allowed)
-                        seen["mixed"] += 1
-                    state.start(admit.job, admit.placement, now)  # raises if any GPU is taken
-                    seen[f"on {len(types)} type(s)"] += 1
-                for preempt in decided.preempt:
-                    seen["moved up" if preempt.job == preempt.for_job else "preempted"] += 1
-                    state.ask_to_evict(preempt.job, preempt.for_job)
-                    state.requeue(preempt.job, now)
-                if not decided.admit and not decided.preempt:
-                    break
-            assert cluster.free_gpus == cluster.total_gpus - sum(r.job.gpus for r in state.running.values())
+        _rounds(*fleet, policy, seen)
+
+    @seed(2)
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(fleets())
+    def check_gavel(fleet: tuple) -> None:
+        _rounds(*fleet, GavelLike(), gavel)
 
     check()
     # each path is taken often over the 400 fleets (2026-12-07, seed 2: 2,626 gangs on one type, 77 mixed, 134
     # moves up, 508 other preemptions); a floor at half that
     assert seen["on 1 type(s)"] >= 1313 and seen["mixed"] >= 38 and seen["moved up"] >= 67, seen
+    gavel: Counter[str] = Counter()
+    check_gavel()
+    # its rounds move runs between types and preempt (seed 2: 1,034 gangs on one type, 78 moves, 604 other
+    # preemptions); a floor at half that
+    assert gavel["on 1 type(s)"] >= 517 and gavel["moved up"] >= 39 and gavel["preempted"] >= 302, gavel
+
+
+def _rounds(cluster: Cluster, events: list, policy, seen: Counter[str]) -> None:
+    state = State(cluster, [Tenant("t", cluster.total_gpus)], Queue(policy.key))
+    for now, what, job in events:
+        if what == "arrive":
+            state.submit(job)
+        elif job in state.running:
+            run = state.stop(job, now)
+            if (gpu_type := cluster.type_of(run.placement)) in RATE:
+                state.speeds.observe(run.job.kind, gpu_type, RATE[gpu_type][run.job.kind])
+        for _ in range(6):
+            decided = policy.schedule(state, now)
+            for admit in decided.admit:
+                job_ = state.queue.jobs[admit.job]
+                types = {cluster.nodes[n].gpu_type for n in admit.placement}
+                assert not job_.gpu_types or types <= set(job_.gpu_types), (admit, job_.gpu_types)
+                if len(types) > 1:
+                    assert job_.mix_types, admit
+                    allowed = job_.gpu_types or cluster.types
+                    assert all(place(cluster, job_.workers, job_.per_worker, (t,)) is None for t in allowed)
+                    seen["mixed"] += 1
+                state.start(admit.job, admit.placement, now)  # raises if any GPU is taken
+                seen[f"on {len(types)} type(s)"] += 1
+            for preempt in decided.preempt:
+                seen["moved up" if preempt.job == preempt.for_job else "preempted"] += 1
+                state.ask_to_evict(preempt.job, preempt.for_job)
+                state.requeue(preempt.job, now)
+            if not decided.admit and not decided.preempt:
+                break
+        assert cluster.free_gpus == cluster.total_gpus - sum(r.job.gpus for r in state.running.values())
+
+
+def test_gavel_like_gives_each_job_its_max_min_share_of_each_type_round_by_round() -> None:
+    """One fast and one slow GPU; kind "a" runs 10x as fast on fast, kind "b" 2x. Normalised by its rate with an
+    equal share of each type, "a" has 10/11 and 1/11, "b" 2/3 and 1/3; the least of the two is highest (1/2
+    each) when each has half of each type, and only then. So its rounds swap them: "a" first on fast (it came
+    first), then, 360 s on, each moves to the type it has not had (a run preempted for itself, and the other
+    made to leave for it), and when both have left each starts on its new type."""
+    policy = GavelLike()
+    cluster = Cluster([Node("fast0", "f", 1, "fast"), Node("slow0", "s", 1, "slow")], types=(TYPES[0], TYPES[2]))
+    state = State(cluster, [Tenant("t", 2)], Queue(policy.key))
+    for kind, fast, slow in (("a", 10.0, 1.0), ("b", 2.0, 1.0)):
+        state.speeds.observe(kind, "fast", fast)
+        state.speeds.observe(kind, "slow", slow)
+    state.submit(Job("a", "t", 1, 1, 0.0, kind="a"))
+    state.submit(Job("b", "t", 1, 1, 1.0, kind="b"))
+    first = policy.schedule(state, 10.0)
+    assert [(a.job, a.placement) for a in first.admit] == [("a", {"fast0": 1}), ("b", {"slow0": 1})]
+    for admit in first.admit:
+        state.start(admit.job, admit.placement, 10.0)
+    assert policy.schedule(state, 300.0).preempt == []  # within the round
+    swap = policy.schedule(state, 370.0)
+    assert [(p.job, p.for_job) for p in swap.preempt] == [("b", "a"), ("a", "a")]
+    assert swap.preempt[0].reason == "round-based max-min: a has slow this round"
+    for p in swap.preempt:
+        state.ask_to_evict(p.job, p.for_job)
+    state.requeue("b", 390.0)
+    assert policy.schedule(state, 390.0).admit == []  # the room made for "a" waits for it
+    state.requeue("a", 395.0)
+    assert [(a.job, a.placement) for a in policy.schedule(state, 395.0).admit] == [
+        ("a", {"slow0": 1}), ("b", {"fast0": 1})
+    ]  # fmt: skip
 
 
 def test_the_speed_table_starts_from_peak_flops_and_learns_from_runs() -> None:

@@ -94,7 +94,7 @@ def test_on_three_gpu_types_every_job_runs_where_it_fits_and_no_faster_than_its_
     jobs = {job.id: job for job in scenario.jobs()[0]}
     truth = scenario.fleet.truth
     assert any(len(job.gpu_types) < 3 for job in jobs.values())  # some workloads do not fit on K80s
-    for name, result in replay(scenario, ["phalanx", "phalanx-types-ignored", "kueue-like"], workers=2).items():
+    for name, result in replay(scenario, ["phalanx", "phalanx-types-ignored", "kueue-like", "gavel-like"]).items():
         for r in result.shared.records.values():
             job = jobs[r.id]
             assert r.finish is not None and set(r.gpu_s_by_type) <= set(job.gpu_types), (name, r)

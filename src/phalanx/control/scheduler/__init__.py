@@ -6,6 +6,7 @@ from phalanx.control.scheduler.baselines import Fifo, KueueLike, TiresiasLike
 from phalanx.control.scheduler.budgets import enforce as enforce_budgets
 from phalanx.control.scheduler.cluster import ANY_TYPE, Cluster, GpuType, Node
 from phalanx.control.scheduler.costs import PreemptionCost
+from phalanx.control.scheduler.gavel import GavelLike
 from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Tenant, Wait
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.policy import PredictiveLas, TypesIgnored
@@ -14,7 +15,9 @@ from phalanx.control.scheduler.service import Levels
 from phalanx.control.scheduler.speeds import Speeds
 from phalanx.control.scheduler.state import Policy, Queue, State
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (PredictiveLas, TypesIgnored, Fifo, KueueLike, TiresiasLike)}
+POLICIES: dict[str, type[Policy]] = {
+    p.name: p for p in (PredictiveLas, TypesIgnored, Fifo, KueueLike, TiresiasLike, GavelLike)
+}
 
 __all__ = [
     "ANY_TYPE",
@@ -24,6 +27,7 @@ __all__ = [
     "Cluster",
     "DurationPredictor",
     "Fifo",
+    "GavelLike",
     "GpuType",
     "Job",
     "KueueLike",
