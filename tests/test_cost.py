@@ -97,3 +97,6 @@ def test_the_price_file_is_read_and_bad_values_are_named(tmp_path: Path) -> None
             cluster_config.load(bad)
     with pytest.raises(ValueError, match="cannot read it"):
         cluster_config.load(tmp_path / "missing.yaml")
+    slurm = [Node("n0", "r", 8, "h100")]  # Slurm's gres type, in lower case: the file's H100 prices it
+    (priced,) = cluster_config.as_found([h100], slurm)
+    assert Cluster(slurm, types=[priced]).dollars_per_h({"n0": 8}) == pytest.approx(8 * 2.49)

@@ -47,8 +47,8 @@ class GavelLike:
             self._choose(snap)
         moving = [run.job for run in state.running.values() if run.id not in state.leaving and self._moves(snap, run)]
         wanted = sorted([*state.queue, *moving], key=lambda job: (-self.priority.get(job.id, -1.0), job.submitted))
-        leaving = [run for run in state.running.values() if self.chosen.get(run.id) != _type(snap, run)]
-        leaving.sort(key=lambda run: (self.priority.get(run.id, -1.0), -run.started, run.id))
+        unchosen = [run for run in state.running.values() if self.chosen.get(run.id) != _type(snap, run)]
+        unchosen.sort(key=lambda run: (self.priority.get(run.id, -1.0), -run.started, run.id))  # the victims' order
         for job in wanted:
             gpu_type, run = self.chosen.get(job.id), state.running.get(job.id)
             if gpu_type is None:
@@ -61,7 +61,7 @@ class GavelLike:
                 snap.wait(job, "placement", f"given {gpu_type} this round: waiting for its GPUs")
             if run is not None and run.id in snap.leaving:
                 continue  # made to leave for another job this round
-            ours = [r for r in leaving if r.id != job.id and _type(snap, r) == gpu_type and r.id not in snap.leaving]
+            ours = [r for r in unchosen if r.id != job.id and _type(snap, r) == gpu_type and r.id not in snap.leaving]
             fits = run is not None and snap.place(job, [gpu_type]) is not None
             victims = [] if fits else snap.victims(job, ours, [gpu_type])
             why = f"round-based max-min: {job.id} has {gpu_type} this round"

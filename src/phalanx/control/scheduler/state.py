@@ -81,10 +81,13 @@ class State:
         # to leave for another job: what a policy's preemption budget is measured against
         self._given_gpu_s, self._given_at, self._held_total = 0.0, None, 0
         self.evicted_gpus, self.evicted_gpus_sq = 0, 0
-        # money: each tenant's dollars in the budget period from runs that ended (``dollars`` adds the running),
-        # and the pending jobs of the tenants over budget, held out of the queue (budgets.py), with why
+        # money: each tenant's dollars in the budget period until ``_spent_at`` and what its runs cost an hour
+        # (``dollars``: the spend now, read every round), and the pending jobs of the tenants over budget, held
+        # out of the queue (budgets.py), with why
         self.period_start = float("-inf")
         self.spent: dict[str, float] = dict.fromkeys(self.tenants, 0.0)
+        self._spent_at: dict[str, float] = dict.fromkeys(self.tenants, float("-inf"))
+        self._per_h: dict[str, float] = dict.fromkeys(self.tenants, 0.0)
         self.on_hold: dict[str, Job] = {}
         self.holding: dict[str, str] = {}
         self.cohorts: dict[str, list[str]] = {}
@@ -125,6 +128,7 @@ class State:
         self.runs_on.setdefault(self.cluster.type_of(placement), {})[job_id] = None
         self._index(run, add=True)
         self._hold(job.tenant, job.gpus, now)
+        self._pay(job.tenant, self.cluster.dollars_per_h(placement), now)
         return run
 
     def ask_to_evict(self, job_id: str, for_job: str) -> None:
@@ -160,7 +164,7 @@ class State:
     def stop(self, job_id: str, now: float) -> Run:
         """The job left its GPUs (finished, failed or evicted)."""
         run = self.running.pop(job_id)
-        self.spent[run.job.tenant] += self._run_dollars(run, now)
+        self._pay(run.job.tenant, -self.cluster.dollars_per_h(run.placement), now)
         self._index(run, add=False)
         self.leaving.discard(job_id)
         del self.runs_of[run.job.tenant][job_id]
@@ -202,16 +206,22 @@ class State:
     # money ---------------------------------------------------------------------------------------------------
     def dollars(self, tenant: str, now: float) -> float:
         """What the tenant's runs have cost in the budget period until ``now``, the running ones included."""
-        return self.spent[tenant] + sum(self._run_dollars(self.running[r], now) for r in self.runs_of[tenant])
+        per_h, spent = self._per_h[tenant], self.spent[tenant]
+        return spent + per_h * max(0.0, now - self._spent_at[tenant]) / 3600 if per_h else spent
 
-    def _run_dollars(self, run: Run, now: float) -> float:
-        return self.cluster.dollars_per_h(run.placement) * max(0.0, now - max(run.started, self.period_start)) / 3600
+    def _pay(self, tenant: str, per_h: float, now: float) -> None:
+        """The tenant's spend brought to ``now`` (never back: a run that began before the period costs from its
+        start), then its runs' cost an hour changed by ``per_h``."""
+        if now > self._spent_at[tenant]:
+            self.spent[tenant], self._spent_at[tenant] = self.dollars(tenant, now), now
+        self._per_h[tenant] += per_h
 
     def new_period(self, start: float, spent: Mapping[str, float] | None = None) -> None:
         """A budget period begins at ``start``: each tenant's spend starts again (from ``spent``, the dollars of
-        runs that ended within it, when the caller knows of some)."""
+        runs that ended within it, when the caller knows of some); its running jobs cost from ``start`` on."""
         self.period_start = start
         self.spent = {t: (spent or {}).get(t, 0.0) for t in self.tenants}
+        self._spent_at = dict.fromkeys(self.tenants, start)
 
     def hold(self, tenant: str, reason: str) -> None:
         """The tenant's pending jobs, and those it queues from now, wait out of the queue; ``reason`` says why."""

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control import scheduler as core
+from phalanx.control.server import cluster_config
 from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant, month_start
 from phalanx.control.store.access import spend
 from phalanx.obs.events import Event, read_jsonl_from
@@ -47,7 +48,8 @@ class Cache:
         run (their last committed checkpoints read from their run directories), the queue, and the jobs that
         take the room made for them first. ``types``: the GPU types as the operator priced them."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
-        state = core.State(core.Cluster(nodes, unit, types), self._tenants(s), core.Queue(self.policy.key))
+        cluster = core.Cluster(nodes, unit, cluster_config.as_found(types, nodes))
+        state = core.State(cluster, self._tenants(s), core.Queue(self.policy.key))
         month = month_start(now)
         state.new_period(month, {t: d for t, (d, _) in spend(s, month, now, ended_only=True).items()})
         self.predictor = self._history(s)

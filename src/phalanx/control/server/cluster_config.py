@@ -9,6 +9,8 @@ nodes and their types; a type it finds that the file does not describe costs not
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -66,3 +68,10 @@ def load(path: Path) -> tuple[core.GpuType, ...]:
     except ValidationError as e:
         where = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top)'}: {x['msg']}" for x in e.errors()[:10])
         raise ValueError(f"--cluster-config {path}: {where}") from None
+
+
+def as_found(types: Sequence[core.GpuType], nodes: Iterable[core.Node]) -> list[core.GpuType]:
+    """The operator's types, each named as the executor names it where only the case differs (Slurm's gres
+    types are often lower case: ``gpu:h100:8``), so that the file's H100 prices the nodes found as h100."""
+    found = {node.gpu_type.lower(): node.gpu_type for node in nodes}
+    return [replace(t, name=found.get(t.name.lower(), t.name)) for t in types]

@@ -39,7 +39,7 @@ class TenantIn(In):
 
 
 class TenantPatch(In):
-    """The fields given change; null removes a cohort or a borrowing limit. A quota cannot be null."""
+    """The fields given change; null removes a cohort, a borrowing limit or a budget. A quota cannot be null."""
 
     nominal_gpus: Gpus = Field(default=None, description="leave it out to keep the quota")  # type: ignore[assignment]
     cohort: Name | None = None
