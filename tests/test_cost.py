@@ -16,6 +16,10 @@ from phalanx.control.sim.fleet import gavel_fleet
 from phalanx.control.sim.scenario import Scenario, replay
 from test_sim import _trace
 
+# 10 values, each level 8 of the one before: 2.6 million values from 300 bytes
+ALIAS_BOMB = "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 8)}]\n" for p, c in zip("abcdef", "bcdefg", strict=True)
+)
 PER_SECOND = 3600.0  # a price per GPU-hour of $1 per GPU-second: the figures below are plain seconds
 
 
@@ -90,6 +94,7 @@ def test_the_price_file_is_read_and_bad_values_are_named(tmp_path: Path) -> None
         ("a: &x [1]\nb: *x\n", "gpu_types: Field required"),
         ("[1, 2]\n", "(top): Input should be a valid dictionary"),
         ("gpu_types: [\n", "not valid YAML"),
+        (ALIAS_BOMB, "more than 100,000 values once aliases are expanded"),
     ]:
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)

@@ -72,7 +72,7 @@ def parse_spec(text: str, source: str = "<string>") -> JobSpec:
         raise SpecError(source, [SpecIssue("", f"not valid YAML: {str(e)[:200]}")]) from None
     if not isinstance(data, dict):
         raise SpecError(source, [SpecIssue("", f"expected a mapping of fields at the top, got {type(data).__name__}")])
-    if _values_over(data, MAX_VALUES):
+    if values_over(data, MAX_VALUES):
         raise SpecError(
             source,
             [SpecIssue("", f"more than {MAX_VALUES:,} values once YAML aliases (*name) are expanded; write them out")],
@@ -80,7 +80,7 @@ def parse_spec(text: str, source: str = "<string>") -> JobSpec:
     return validate_spec(data, source)
 
 
-def _values_over(data: Any, limit: int) -> bool:
+def values_over(data: Any, limit: int) -> bool:
     """Whether ``data``, walked as a tree (an alias counted each time it is used), has over ``limit`` values;
     the walk stops at the limit, so it costs at most ``limit`` steps whatever the aliases expand to."""
     todo, seen = [data], 0

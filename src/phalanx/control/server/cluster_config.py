@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from phalanx.control import scheduler as core
+from phalanx.spec.load import MAX_VALUES, values_over
 
 MAX_CHARS = 64 * 1024
 Money = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
@@ -62,6 +63,8 @@ def load(path: Path) -> tuple[core.GpuType, ...]:
         raise ValueError(f"--cluster-config {path}: {len(text):,} characters; at most {MAX_CHARS:,}")
     try:
         data = yaml.safe_load(text)
+        if values_over(data, MAX_VALUES):  # YAML aliases: a few bytes that expand to millions of values
+            raise ValueError(f"--cluster-config {path}: more than {MAX_VALUES:,} values once aliases are expanded")
         return ClusterConfig.model_validate(data).types()
     except yaml.YAMLError as e:
         raise ValueError(f"--cluster-config {path}: not valid YAML: {str(e)[:200]}") from None
