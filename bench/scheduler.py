@@ -1,7 +1,8 @@
 """phalanx's scheduler against the baselines on Philly's October and November 2017 (bench/RESULTS.md,
 docs/scheduling.md).
 
-    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--sections policies,types,cost] [--out x.md]
+    python bench/scheduler.py [--seeds 3] [--traces ../shared/traces] [--sections policies,types,cost,sharing]
+        [--out x.md]
 
 1. Each month on a cluster it loads (October: 640 GPUs = 80 nodes x 8 in 10 racks; November, a quieter month:
    448 GPUs in 7 racks), the virtual clusters as tenants of one cohort with quotas from their GPU-time before
@@ -41,7 +42,9 @@ from phalanx.control.scheduler import Cluster, Job, Node, PredictiveLas, Queue, 
 from phalanx.control.sim.fleet import gavel_fleet
 from phalanx.control.sim.report import COLUMNS, metrics
 from phalanx.control.sim.scenario import Scenario, replay
+from phalanx.control.sim.sharing import CHOICES, fill
 from phalanx.control.sim.simulator import ReplayCosts, split_gpus
+from phalanx.control.sim.trace import alibaba_2023
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ["phalanx", "fifo", "kueue-like", "tiresias-like"]
@@ -199,6 +202,42 @@ def money(report: Report, trace: Path, seeds: int) -> None:
                      [sum(s[1].values()) / sum(s[0].values()) for s in seeded])  # fmt: skip
 
 
+def sharing(report: Report, traces: Path, seeds: int) -> None:
+    """Each packing choice's fill of Alibaba's 2023 fleet, once per seed (the same arrivals for every choice):
+    the unallocated share of the GPUs at each arrived share, and the ratios at saturation (100%)."""
+    nodes, pods = alibaba_2023(traces / "alibaba_gpu_v2023_gpu_nodes.csv", traces / "alibaba_gpu_v2023_pods.csv")
+    runs = [(choice, seed) for seed in range(seeds) for choice in CHOICES]
+    began = time.monotonic()
+    with ProcessPoolExecutor(2) as pool:
+        fills = dict(zip(runs, pool.map(_fill, [(nodes, pods, c, s) for c, s in runs]), strict=True))
+    took = time.monotonic() - began
+    marks = sorted(fills[runs[0]].unallocated)
+    rows = [
+        [choice]
+        + [mean_sd([fills[choice, s].unallocated[m] for s in range(seeds)], "{:.2%}") for m in marks]
+        + [mean_sd([fills[choice, s].failed for s in range(seeds)])]
+        for choice in CHOICES
+    ]
+    gpus = sum(n[3] for n in nodes)
+    report.table([f"{len(nodes):,} nodes, {gpus:,} GPUs: packing"] + [f"unallocated at {m:.0%} arrived" for m in marks]
+                 + ["pods failed"], rows)  # fmt: skip
+    at = {choice: [fills[choice, s].unallocated[1.0] for s in range(seeds)] for choice in CHOICES}
+    for ours, peer, goal in [("phalanx", "fgd", "<= 1.0"), ("fgd", "best-fit", ""), ("phalanx", "best-fit", "")]:
+        report.ratio(f"unallocated GPUs at saturation: {ours} / {peer}",
+                     [a / b for a, b in zip(at[ours], at[peer], strict=True)], goal)  # fmt: skip
+    shares = sum(p.gpus == 1 and p.gpu_milli < 1000 for p in pods)
+    typed = sum(bool(p.gpu_types) for p in pods)
+    report.note(
+        f"The trace: {len(pods):,} pods, {shares:,} of them a share of one GPU, {sum(not p.gpus for p in pods):,} "
+        f"without GPUs (they take CPUs on GPU nodes); {typed:,} name GPU types (the file's gpu_spec column). "
+        f"The fills: {took:.0f} s ({len(runs)} fills, 2 processes)."
+    )
+
+
+def _fill(args: tuple) -> object:
+    return fill(*args)
+
+
 def _with_and_without_budgets(scenario: Scenario) -> tuple[dict, dict, dict, list[float]]:
     """(each tenant's dollars without budgets, with budgets, its jobs never started then, each job's dollars
     without budgets)."""
@@ -322,7 +361,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
-    parser.add_argument("--sections", default="policies,types,cost", help="policies (with the throughput), types, cost")
+    parser.add_argument(
+        "--sections", default="policies,types,cost,sharing", help="policies (with the throughput), types, cost, sharing"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -380,6 +421,24 @@ def main() -> None:
         )
         money(costed, trace, args.seeds)
         costed.finish(args.out.with_name(args.out.stem + "-cost.md") if args.out else None)
+    if "sharing" in sections:
+        shared = Report(
+            "Scheduler: GPU sharing, packing against FGD",
+            "python bench/scheduler.py --sections sharing",
+            "Alibaba's 2023 GPU-sharing trace (Weng et al., \"Beware of Fragmentation\", ATC'23; "
+            "openb_pod_list_default and its 1,213 GPU nodes, read in place) filled as that paper measures "
+            "fragmentation: pods drawn from the trace with replacement (a seed's draw is the same for every choice) "
+            "arrive one at a time and never leave; each is placed on a node with the CPUs and GPU thousandths it "
+            "asks, of a type it allows, or fails and is not tried again. Unallocated: the share of the fleet's GPUs "
+            "no pod holds, when the arrived GPU requests reach 80, 90 and 100% of them (saturation), as FGD reports "
+            "it. best-fit: the least room left, CPU and GPU half and half (FGD's simulator's); fgd: FGD's "
+            "fragmentation measure, given the trace's whole workload as its paper does, ties to the first node; "
+            "phalanx: phalanx's packing (scheduler/sharing.py), FGD's measure on the workload learned from the "
+            f"pods arrived so far, ties by best fit. {args.seeds} seeds: mean +- sd; ratios per seed, median and "
+            "range.",
+        )
+        sharing(shared, args.traces, args.seeds)
+        shared.finish(args.out.with_name(args.out.stem + "-sharing.md") if args.out else None)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from phalanx.control.scheduler.sharing import MILLI, Ask
+
 
 @dataclass(frozen=True)
 class TraceJob:
@@ -69,3 +71,26 @@ def quotas(shares: dict[str, float], gpus: int) -> dict[str, int]:
     for name in sorted(exact, key=lambda n: (whole[n] - exact[n], n))[: gpus - sum(whole.values())]:
         whole[name] += 1
     return whole
+
+
+def alibaba_2023(nodes_csv: Path, pods_csv: Path) -> tuple[list[tuple[str, str, int, int]], list[Ask]]:
+    """Alibaba's 2023 GPU-sharing trace (FGD's, ATC'23): its nodes as (name, GPU model, CPU thousandths, GPUs),
+    and what each pod asks, in file order. A pod's ``gpu_spec`` lists the models it may run on, "|"-separated
+    (empty: any)."""
+    nodes = []
+    for line, row in enumerate(_rows(nodes_csv, {"sn", "cpu_milli", "gpu", "model"}), 2):
+        try:
+            nodes.append((row["sn"], row["model"], int(row["cpu_milli"]), int(row["gpu"])))
+        except ValueError as e:
+            raise TraceError(f"{nodes_csv}:{line}: {e}") from None
+    pods = []
+    for line, row in enumerate(_rows(pods_csv, {"cpu_milli", "num_gpu", "gpu_milli", "gpu_spec"}), 2):
+        try:
+            gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            types = tuple(t for t in row["gpu_spec"].split("|") if t)
+            pods.append(Ask(int(row["cpu_milli"]), gpus, milli if gpus else MILLI, types))
+        except ValueError as e:
+            raise TraceError(f"{pods_csv}:{line}: {e}") from None
+    if not nodes or not pods:
+        raise TraceError(f"{nodes_csv}, {pods_csv}: {len(nodes)} nodes and {len(pods)} pods; both must have some")
+    return nodes, pods
