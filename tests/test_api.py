@@ -112,6 +112,7 @@ def _requests(w: World, tenant: str) -> dict[tuple[str, str], tuple[str, dict]]:
         ("GET", "/api/v1/quota"): ("/quota", {}),
         ("GET", "/api/v1/usage"): ("/usage", {}),
         ("GET", "/api/v1/spend"): ("/spend", {}),
+        ("GET", "/api/v1/speeds"): ("/speeds", {}),
         ("GET", "/metrics"): ("/metrics", {}),
         ("GET", "/api/v1/dashboard/jobs"): ("/dashboard/jobs", {}),
         ("GET", "/api/v1/dashboard/jobs/{job_id}"): (f"/dashboard/jobs/{job}", {}),

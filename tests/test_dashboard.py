@@ -50,7 +50,7 @@ def _until(check, timeout: float = 120) -> None:
 def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browser, tmp_path: Path) -> None:
     alice = server.member("vision", 2, "alice")
     bob = server.member("audio", 2, "bob")
-    hidden = bob.submit(tiny("audio-secret", 5))["id"]
+    hidden = bob.submit(tiny("audio-secret", 5) + "kind: audio-secret-kind\n")["id"]  # its kind: audio's too
     wait_for(bob, hidden, {"SUCCEEDED"})  # done: the two slots are alice's
     token = server.admin.create_token("browser", "alice")["token"]
 
@@ -119,9 +119,11 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     assert "slots in use" in page.inner_text("#capacity")  # --slots: CPU slots, called so
     page.wait_for_selector("#spend tr[data-tenant='vision']")  # this month's spend: no prices given, $0
     assert page.inner_text("#spend tr[data-tenant='vision'] td[data-label='monthly budget']") == "none"
+    page.wait_for_selector("#speeds tr[data-kind='llama-tiny-seq32'] td.fastest")  # alice's kind, one type
     page.screenshot(path=tmp_path / "fleet.png", full_page=True)
     assert page.locator("#tenants tr[data-tenant='audio']").count() == 0
     assert page.locator("#spend tr[data-tenant='audio']").count() == 0
+    assert page.locator("#speeds tr[data-kind='audio-secret-kind']").count() == 0
 
     page.goto(f"{server.url}/ui/#/jobs/{hidden}")  # another tenant's job, by its id
     page.wait_for_selector("main .error:has-text('not found')")
@@ -131,7 +133,7 @@ def test_watch_a_job_live_and_see_only_your_tenant(server: PhalanxServer, browse
     page.wait_for_selector(f"tr[data-job='{job}'] td.restarts:has-text('1')")
     page.screenshot(path=tmp_path / "jobs.png", full_page=True)
     assert page.locator(f"tr[data-job='{hidden}']").count() == 0
-    leaked = [text for text in received if hidden in text.replace(not_found, "") or '"audio"' in text]
+    leaked = [t for t in received if hidden in t.replace(not_found, "") or '"audio"' in t or "audio-secret-kind" in t]
     assert not leaked, leaked[:2]
     assert any(job in text for text in received)  # the positive control: the page did receive alice's job
 

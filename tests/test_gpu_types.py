@@ -281,7 +281,8 @@ def test_the_server_places_jobs_by_type_prices_their_runs_and_holds_a_tenant_ove
     of each declared type. A job that requires A100s runs on the A100 node, one that prefers H100s on the H100
     node; a job asking for a type the cluster lacks, or for more of one type than it has, is refused naming the
     field. Each run costs its GPU-hours at its type's price (usage, spend and the counter agree), a recipe job
-    costs so much per million tokens, and a tenant over its monthly budget starts nothing until it is raised."""
+    costs so much per million tokens and teaches the speed table its kind's tokens/s on its type (the other
+    type estimated by peak FLOP/s), and a tenant over its monthly budget starts nothing until it is raised."""
     prices = tmp_path / "prices.yaml"  # $2 and $1 per GPU-second: the money is the seconds held
     prices.write_text("gpu_types:\n  H100: {price_per_gpu_h: 7200}\n  A100: {price_per_gpu_h: 3600}\n")
     server = PhalanxServer(tmp_path, slots=None, args=("--gpu-types", "H100:1,A100:2", "--cluster-config", str(prices)))
@@ -321,6 +322,13 @@ def test_the_server_places_jobs_by_type_prices_their_runs_and_holds_a_tenant_ove
         assert priced["tokens"] == pytest.approx(4 * 8 * 32, rel=0.01)  # 4 steps of 8 sequences of 32 tokens
         assert priced["dollars_per_million_tokens"] == pytest.approx(priced["dollars"] / priced["tokens"] * 1e6)
         assert jobs[a100]["dollars_per_million_tokens"] is None  # a script that reports no tokens
+        speeds = {k["kind"]: k for k in client.speeds()["kinds"]}  # learned from the recipe's run on A100
+        learned = speeds["llama-tiny-seq32"]
+        a100_rate = priced["tokens"] / (priced["productive_gpu_hours"] * 3600)  # tokens/s per GPU, productive
+        assert learned["measured"] == ["A100"] and learned["fastest"] == "H100", learned
+        assert learned["tokens_per_gpu_s"]["A100"] == pytest.approx(a100_rate, rel=1e-6)
+        assert learned["tokens_per_gpu_s"]["H100"] == pytest.approx(a100_rate * 989 / 312, rel=1e-6)  # peaks
+        assert speeds[Path(sys.executable).name]["measured"] == []  # the scripts report no tokens
         spend = client.spend()
         assert spend["dollars"] == pytest.approx(team["dollars"]) and spend["tenants"][0]["monthly_budget"] is None
         metrics = httpx.get(

@@ -239,3 +239,16 @@ def test_a_default_never_makes_a_valid_looking_spec_invalid() -> None:
     assert parse_spec("name: a\ntrain: {steps: 300}\n").train.optimizer.warmup_steps == 20  # type: ignore[union-attr]
     with pytest.raises(SpecError, match="warmup_steps: 20 is longer than the run"):  # written: checked
         parse_spec("name: a\ntrain: {steps: 12, optimizer: {warmup_steps: 20}}\n")
+
+
+def test_a_jobs_kind_is_its_model_and_sequence_or_its_script_unless_named() -> None:
+    """The speed table's class of a job (the server keeps 64 characters of it)."""
+    recipe = "name: r\ntrain: {model: {preset: llama-debug, n_layers: 4}, seq_len: 128}\n"
+    assert parse_spec(recipe).job_kind == "llama-debug-n_layers4-seq128"
+    assert parse_spec(recipe + "kind: my-7b\n").job_kind == "my-7b"
+    script = "name: s\ncommand: [python, {}]\n"
+    assert parse_spec(script.format("-u, /src/train.py, --lr, '3e-4'")).job_kind == "train.py"
+    assert parse_spec(script.format("-m, mypkg.pretrain")).job_kind == "mypkg.pretrain"
+    assert parse_spec("name: b\ncommand: [/opt/bin/trainer]\n").job_kind == "trainer"
+    with pytest.raises(SpecError, match="kind"):
+        parse_spec(recipe + "kind: 'has spaces'\n")

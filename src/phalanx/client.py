@@ -216,3 +216,6 @@ class Client:
 
     def spend(self) -> dict[str, Any]:
         return self._call("GET", "/spend")
+
+    def speeds(self) -> dict[str, Any]:
+        return self._call("GET", "/speeds")

@@ -208,6 +208,18 @@ def spend() -> None:
     err.print(f"from {when(report['month_start'])} to {when(report['until'])}")
 
 
+def speeds() -> None:
+    """How fast each kind of your jobs runs on each GPU type, in tokens/s per GPU: measured (*) where its runs
+    ran, estimated elsewhere. The scheduler puts each job where it runs fastest."""
+    table_of = call(connect().speeds)
+    table = Table("kind", *table_of["types"], box=None)
+    for k in table_of["kinds"]:
+        rates = k["tokens_per_gpu_s"]
+        table.add_row(k["kind"], *(f"{rates[t]:,.1f}{'*' if t in k['measured'] else ''}" for t in table_of["types"]))
+    out.print(table)
+    err.print("* measured on its runs; the rest estimated from how the types compare (or their peak FLOP/s)")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(login)
     app.command()(submit)
@@ -219,3 +231,4 @@ def register(app: typer.Typer) -> None:
     app.command()(quota)
     app.command()(usage)
     app.command()(spend)
+    app.command()(speeds)

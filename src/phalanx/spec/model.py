@@ -8,6 +8,7 @@ each can name the exact field it blames.
 from __future__ import annotations
 
 import math
+from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
 from pydantic import ByteSize, Field, PositiveFloat, PositiveInt, WithJsonSchema, model_validator
@@ -15,6 +16,8 @@ from pydantic import ByteSize, Field, PositiveFloat, PositiveInt, WithJsonSchema
 from phalanx.spec.base import Location, Name, Strict
 from phalanx.spec.clusters import Kubernetes, Slurm
 from phalanx.spec.parallel import Parallel, pipeline_issues
+
+KIND_CHARS = 64  # of a job's kind, as the server keeps it
 
 
 class Resources(Strict):
@@ -269,6 +272,26 @@ class JobSpec(Strict):
     resilience: Resilience = Resilience()
     slurm: Slurm = Slurm()
     kubernetes: Kubernetes = Kubernetes()
+    kind: Name | None = Field(
+        default=None,
+        description="its class for `phalanx server`'s speed table: jobs of a kind run alike on each GPU type; "
+        "default: the recipe's model and sequence length, or the script's name",
+    )
+
+    @property
+    def job_kind(self) -> str:
+        """``kind``, or one made from what decides a job's speed per GPU: the recipe's model (its preset and
+        any field changed) and sequence length; a script's file (or module) name."""
+        if self.kind is not None:
+            return self.kind
+        if self.train is not None:
+            m = self.train.model
+            changed = "".join(f"-{k}{v}" for k, v in m.model_dump(exclude={"preset"}, exclude_none=True).items())
+            return f"{m.preset}{changed}-seq{self.train.seq_len}"[:KIND_CHARS]
+        argv = self.command or []
+        after_m = argv[argv.index("-m") + 1 : argv.index("-m") + 2] if "-m" in argv else []
+        script = after_m or [a for a in argv if a.endswith(".py")][:1] or argv[:1]
+        return PurePosixPath(script[0]).name[:KIND_CHARS]
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control import scheduler as core
-from phalanx.control.server import cluster_config
+from phalanx.control.server import cluster_config, speeds
 from phalanx.control.store import ACTIVE, Execution, Job, JobState, Tenant, month_start
 from phalanx.control.store.access import spend
 from phalanx.obs.events import Event, read_jsonl_from
@@ -22,7 +22,7 @@ from phalanx.obs.rundir import RunDir
 # What the cache reads of each queued job: plain rows, not ORM objects (a queue can hold many thousands).
 _QUEUED = (
     Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
-    Job.preemptions, Job.preempted_by, Job.reason, Job.gpu_types, Job.prefer_gpu_types, Job.mix_gpu_types,
+    Job.preemptions, Job.preempted_by, Job.reason, Job.gpu_types, Job.prefer_gpu_types, Job.mix_gpu_types, Job.kind,
 )  # fmt: skip
 PREDICTOR_HISTORY = 1000  # finished jobs the predictor is rebuilt from
 
@@ -44,12 +44,13 @@ class Cache:
     def load(
         self, s: Session, nodes: list[core.Node], now: float, unit: str = "GPUs", types: Sequence[core.GpuType] = ()
     ) -> core.State:
-        """The state from the store: the tenants and what they spent this month, the running jobs where they
-        run (their last committed checkpoints read from their run directories), the queue, and the jobs that
-        take the room made for them first. ``types``: the GPU types as the operator priced them."""
+        """The state from the store: the tenants and what they spent this month, the speed table its runs
+        taught, the running jobs where they run (their last committed checkpoints read from their run
+        directories), the queue, and the jobs that take the room made for them first. ``types``: the GPU types
+        as the operator priced them."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
         cluster = core.Cluster(nodes, unit, cluster_config.as_found(types, nodes))
-        state = core.State(cluster, self._tenants(s), core.Queue(self.policy.key))
+        state = core.State(cluster, self._tenants(s), core.Queue(self.policy.key), speeds.learned(s, cluster.types))
         month = month_start(now)
         state.new_period(month, {t: d for t, (d, _) in spend(s, month, now, ended_only=True).items()})
         self.predictor = self._history(s)
@@ -124,6 +125,7 @@ class Cache:
             gpu_types=tuple(job.gpu_types),
             prefer=tuple(job.prefer_gpu_types),
             mix_types=job.mix_gpu_types,
+            kind=job.kind,
         )
 
     # --- kept current

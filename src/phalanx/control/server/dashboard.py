@@ -5,8 +5,10 @@ the live channel (a WebSocket that sends a view again whenever it changed)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from phalanx.control.scheduler import GpuType
 from phalanx.control.server import views
 from phalanx.control.store import FINAL, Execution, Job, JobState, Scope, user_name
 from phalanx.obs.digest import digest
@@ -124,9 +126,9 @@ def job(caller: Scope, job_id: str) -> dict[str, Any]:
     }
 
 
-def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, Any]:
+def fleet(caller: Scope, capacity: int, types: Mapping[str, GpuType], now: float | None = None) -> dict[str, Any]:
     """GPUs in use per tenant against quota and borrowing, the queue with why each job waits, preemptions, the
-    GPUs allocated over the last day, and this month's spend against the budgets."""
+    GPUs allocated over the last day, this month's spend against the budgets, and the speed table."""
     now = time.time() if now is None else now
     queue = caller.jobs(states=[JobState.PENDING], limit=JOBS_SHOWN)
     since = now - 24 * 3600
@@ -147,6 +149,7 @@ def fleet(caller: Scope, capacity: int, now: float | None = None) -> dict[str, A
         "queue": [_queued(j, now) for j in queue],
         "utilisation": _utilisation([e for e, _ in executions], since, now),
         "spend": views.spend(caller, now).model_dump(),
+        "speeds": views.speed_table(caller, types).model_dump(),
     }
 
 

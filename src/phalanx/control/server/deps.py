@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from phalanx.control.scheduler import GpuType
 from phalanx.control.server import auth
 from phalanx.control.store import Scope, Store
 
@@ -20,7 +21,8 @@ MAX_TOKEN_S = 365 * 86400  # the longest a token may live, whoever makes it (pha
 
 class Server:
     """What the routes need: the store, where jobs' files go, the cluster's GPUs of each type and what they
-    count (GPUs, or CPU slots: ``unit``), a way to wake the loop, and the longest a token may live."""
+    count (GPUs, or CPU slots: ``unit``), a way to wake the loop, the longest a token may live, and the GPU
+    types as described (their peaks seed the speed table)."""
 
     def __init__(
         self,
@@ -30,10 +32,12 @@ class Server:
         wake: Callable[[], None],
         max_token_s: float = MAX_TOKEN_S,
         unit: str = "GPUs",
+        described: Mapping[str, GpuType] | None = None,
     ):
         self.store, self.jobs_dir, self.types, self.wake = store, jobs_dir, types, wake
         self.capacity = sum(types.values())
         self.max_token_s, self.unit = max_token_s, unit
+        self.described = described if described is not None else {name: GpuType.named(name) for name in types}
 
     @contextlib.contextmanager
     def scope(self, authorization: str | None, write: bool = False) -> Iterator[Scope]:

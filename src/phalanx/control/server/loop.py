@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from phalanx.checkpoint import CheckpointDir
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, Launch, Phase, Status
+from phalanx.control.server import speeds
 from phalanx.control.server.cache import Cache, Stale
 from phalanx.control.server.lifecycle import move
 from phalanx.control.server.metrics import ROUND_SECONDS
@@ -175,6 +176,9 @@ class Controller:
         status = seen.status
         execution.ended_at, execution.outcome = now, status.outcome or "lost"
         execution.productive_s, execution.tokens = seen.productive_s, seen.tokens
+        if self.cache.state is not None:
+            speeds.observe(self.cache.state.speeds, job.kind, execution.gpu_type, execution.gpus, seen.tokens,
+                           seen.productive_s)  # fmt: skip
         job.steps_done = seen.steps_done if seen.steps_done is not None else job.steps_done
         job.handle, job.placement = None, None
         how = "gone"
@@ -268,7 +272,8 @@ class Controller:
                     failed.append((row.id, "gone", 0.0, row.reason))
                     continue
                 row.handle = handle
-                price = self.cache.state.cluster.dollars_per_h(row.placement) if self.cache.state else 0.0
+                cluster = self.cache.state.cluster if self.cache.state else None
+                known = cluster is not None and set(row.placement) <= cluster.nodes.keys()
                 s.add(
                     Execution(
                         job=row.seq,
@@ -276,7 +281,8 @@ class Controller:
                         attempt=row.attempt,
                         gpus=row.gpus,
                         started_at=now,
-                        dollars_per_h=price,
+                        dollars_per_h=cluster.dollars_per_h(row.placement) if cluster else 0.0,
+                        gpu_type=cluster.type_of(row.placement) if known else None,
                     )
                 )
                 move(s, row, JobState.RUNNING, f"started on {self.executor.name} (execution {row.attempt})", now)

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
-from phalanx.control.server import auth
+from phalanx.control.server import auth, cluster_config
 from phalanx.control.server.app import create_app
 from phalanx.control.server.deps import MAX_TOKEN_S, Server
 from phalanx.control.server.loop import Controller
@@ -74,10 +74,12 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     token = bootstrap(store)
     policy = core.PredictiveLas(cost=settings.cost)
     controller = Controller(store, executor, policy, tick_s=settings.tick_s, types=settings.priced)
+    nodes = executor.capacity()
     types: dict[str, int] = {}
-    for node in executor.capacity():
+    for node in nodes:
         types[node.gpu_type] = types.get(node.gpu_type, 0) + node.gpus
-    server = Server(store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit)
+    described = core.Cluster(nodes, executor.unit, cluster_config.as_found(settings.priced, nodes)).types
+    server = Server(store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit, described)
     return server, controller, token
 
 

@@ -233,3 +233,19 @@ class Spend(BaseModel):
     budgets: float = Field(description="the budgets of the tenants that have one, summed")
     dollars_per_h: float
     tenants: list[TenantSpend]
+
+
+class KindSpeeds(BaseModel):
+    kind: str = Field(description="a class of jobs (the spec's kind, or one made from its model or script)")
+    tokens_per_gpu_s: dict[str, float] = Field(description="per GPU type: measured, or estimated where not")
+    measured: list[str] = Field(description="the types its runs were measured on")
+    fastest: str = Field(description="the type it runs fastest on, per GPU")
+
+
+class SpeedTable(BaseModel):
+    """How fast each kind of the caller's jobs runs on each GPU type, as the scheduler sees it: learned from
+    every tenant's runs (tokens/s per GPU of productive time, smoothed); a type a kind has not run on is
+    estimated from how the types compare for the kinds run on both, else from their peak FLOP/s."""
+
+    types: list[str]
+    kinds: list[KindSpeeds]

@@ -6,11 +6,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from phalanx.checkpoint import CheckpointDir
-from phalanx.control.server.models import JobStory, LogChunk, Restart, Spend, Stop, TenantSpend, Usage, UsageReport
+from phalanx.control import scheduler as core
+from phalanx.control.server import speeds
+from phalanx.control.server.models import (
+    JobStory,
+    KindSpeeds,
+    LogChunk,
+    Restart,
+    SpeedTable,
+    Spend,
+    Stop,
+    TenantSpend,
+    Usage,
+    UsageReport,
+)
 from phalanx.control.store import FINAL, Execution, Job, NotFound, Scope, month_start
 from phalanx.obs.digest import digest
 from phalanx.obs.events import read_jsonl
@@ -173,6 +187,18 @@ def spend(scope: Scope, now: float) -> Spend:
         budgets=sum(r.monthly_budget for r in rows if r.monthly_budget is not None),
         dollars_per_h=sum(r.dollars_per_h for r in rows), tenants=rows,
     )  # fmt: skip
+
+
+def speed_table(scope: Scope, types: Mapping[str, core.GpuType]) -> SpeedTable:
+    """The speed table, learned from the store, for the kinds of the caller's jobs (an admin's: every kind)."""
+    table = speeds.learned(scope.session, types)
+    rows = []
+    for kind in scope.kinds():
+        rates = {t: table.rate(kind, t) for t in types}
+        measured = table.measured.get(kind, {})
+        rows.append(KindSpeeds(kind=kind, tokens_per_gpu_s=rates, measured=[t for t in types if t in measured],
+                               fastest=max(rates, key=rates.__getitem__)))  # fmt: skip
+    return SpeedTable(types=list(types), kinds=rows)
 
 
 def _figures(e: Execution) -> tuple[float, float]:

@@ -8,7 +8,7 @@ import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Select, case, func, select
+from sqlalchemy import Row, Select, case, func, select
 from sqlalchemy.orm import Session
 
 from phalanx.control.store.schema import (
@@ -25,6 +25,8 @@ from phalanx.control.store.schema import (
     user_name,
 )
 from phalanx.spec import excerpt
+
+SPEED_HISTORY = 5000  # ended executions the speed table is learned from
 
 
 class Role(enum.StrEnum):
@@ -165,6 +167,11 @@ class Scope:
             raise NotFound("job", job_id)
         return found
 
+    def kinds(self) -> Sequence[str]:
+        """The kinds of the visible jobs, by name."""
+        stmt = self._mine(select(Job.kind).distinct(), Job.tenant).where(Job.kind != "")
+        return self.session.scalars(stmt.order_by(Job.kind)).all()
+
     def transitions(self, job: Job) -> Sequence[Transition]:
         return self.session.scalars(select(Transition).where(Transition.job == job.seq).order_by(Transition.id)).all()
 
@@ -271,3 +278,17 @@ def spend(
     if tenant is not None:
         stmt = stmt.where(Execution.tenant == tenant)
     return {t: (float(d or 0.0), float(h or 0.0)) for t, d, h in session.execute(stmt.group_by(Execution.tenant))}
+
+
+def speed_runs(session: Session, limit: int = SPEED_HISTORY) -> Sequence[Row]:
+    """The newest ``limit`` ended executions that say how fast their kind runs on their GPU type, oldest first:
+    (kind, GPU type, GPUs, tokens, productive seconds) each. What the server's speed table is learned from,
+    of every tenant's runs (how types compare is the fleet's to learn)."""
+    rows = session.execute(
+        select(Job.kind, Execution.gpu_type, Execution.gpus, Execution.tokens, Execution.productive_s)
+        .join(Job, Job.seq == Execution.job)
+        .where(Execution.gpu_type.is_not(None), Execution.tokens > 0, Execution.productive_s > 0)
+        .order_by(Execution.ended_at.desc(), Execution.id.desc())
+        .limit(limit)
+    ).all()
+    return rows[::-1]

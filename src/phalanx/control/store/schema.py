@@ -109,6 +109,7 @@ class Job(Base):
     gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")  # empty: any
     prefer_gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     mix_gpu_types: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    kind: Mapped[str] = mapped_column(String(64), default="", server_default="")  # the spec's job_kind
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     submitted_at: Mapped[float] = mapped_column(Float)
@@ -154,6 +155,7 @@ class Execution(Base):
     outcome: Mapped[str | None] = mapped_column(String(16))
     productive_s: Mapped[float | None] = mapped_column(Float)  # from the run's goodput ledger, once it ended
     tokens: Mapped[float | None] = mapped_column(Float)  # trained on, from its step metrics, once it ended
+    gpu_type: Mapped[str | None] = mapped_column(String(64))  # of its placement's nodes ("a+b": a mixed gang)
     dollars_per_h: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
     def dollars(self, since: float, until: float) -> float:

@@ -35,7 +35,7 @@ def dashboard_job(job_id: str, server: ServerDep, token: Token) -> dict[str, Any
 @router.get("/api/v1/dashboard/fleet", tags=["dashboard"])
 def dashboard_fleet(server: ServerDep, token: Token) -> dict[str, Any]:
     with server.scope(token) as caller:
-        return dashboard.fleet(caller, server.capacity)
+        return dashboard.fleet(caller, server.capacity, server.described)
 
 
 @router.websocket("/api/v1/dashboard/live")
@@ -50,7 +50,7 @@ async def dashboard_live(ws: WebSocket) -> None:
         ask = ask if isinstance(ask, dict) else {}
         view = {
             "jobs": dashboard.jobs,
-            "fleet": lambda c: dashboard.fleet(c, server.capacity),
+            "fleet": lambda c: dashboard.fleet(c, server.capacity, server.described),
             "job": lambda c: dashboard.job(c, str(ask.get("id"))),
         }.get(ask.get("view"))
         if view is None:

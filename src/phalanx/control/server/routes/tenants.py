@@ -10,7 +10,16 @@ from fastapi import Query
 from phalanx.control.server import views
 from phalanx.control.server.deps import Server, ServerDep, Token
 from phalanx.control.server.lifecycle import Conflict
-from phalanx.control.server.models import Cluster, Quota, Spend, TenantIn, TenantOut, TenantPatch, UsageReport
+from phalanx.control.server.models import (
+    Cluster,
+    Quota,
+    SpeedTable,
+    Spend,
+    TenantIn,
+    TenantOut,
+    TenantPatch,
+    UsageReport,
+)
 from phalanx.control.server.routes import router as _router
 from phalanx.control.store import Tenant
 
@@ -69,6 +78,13 @@ async def cluster(server: ServerDep, token: Token) -> Cluster:
     """What the tenants' quotas share: the executor's capacity, and what it counts (GPUs, or CPU slots)."""
     with server.scope(token):
         return Cluster(capacity=server.capacity, types=server.types, unit=server.unit)
+
+
+@router.get("/api/v1/speeds", tags=["tenants"])
+def speeds(server: ServerDep, token: Token) -> SpeedTable:
+    """How fast each kind of the caller's jobs runs on each GPU type (the scheduler's speed table)."""
+    with server.scope(token) as caller:
+        return views.speed_table(caller, server.described)
 
 
 @router.get("/api/v1/quota", tags=["tenants"])
