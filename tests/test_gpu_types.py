@@ -36,7 +36,7 @@ from phalanx.control.scheduler import (
 from phalanx.control.sim.simulator import ReplayCosts, TrueSpeeds, simulate
 from phalanx.control.sim.trace import TraceJob
 from servers import PhalanxServer
-from test_platform import tiny, wait_for
+from test_platform import cli, tiny, wait_for
 
 TYPES = (GpuType("fast", 100.0), GpuType("mid", 40.0), GpuType("slow", 10.0))
 KINDS = {"a": (10.0, 5.0, 1.0), "b": (3.0, 3.0, 2.0), "c": (4.0, 8.0, 0.5)}  # true rates on fast, mid, slow
@@ -328,7 +328,14 @@ def test_the_server_places_jobs_by_type_prices_their_runs_and_holds_a_tenant_ove
         assert learned["measured"] == ["A100"] and learned["fastest"] == "H100", learned
         assert learned["tokens_per_gpu_s"]["A100"] == pytest.approx(a100_rate, rel=1e-6)
         assert learned["tokens_per_gpu_s"]["H100"] == pytest.approx(a100_rate * 989 / 312, rel=1e-6)  # peaks
-        assert speeds[Path(sys.executable).name]["measured"] == []  # the scripts report no tokens
+        assert learned["relative"] == {"H100": 1.0, "A100": pytest.approx(312 / 989)}
+        script = speeds[Path(sys.executable).name]  # the scripts report no tokens: only the peaks' ratio
+        assert script["measured"] == [] and script["tokens_per_gpu_s"] == {} and script["fastest"] == "H100"
+        env = {"PHALANX_CONFIG": str(tmp_path / "cli.json")}  # the CLI's table: the admin sees every kind
+        assert cli(env, "login", server.url, "--token", server.token_file.read_text().strip()).returncode == 0
+        shown = cli(env, "speeds")
+        row = next(line.split() for line in shown.stdout.splitlines() if line.split()[:1] == ["llama-tiny-seq32"])
+        assert row[2] == f"{a100_rate:,.1f}*" and float(row[1].replace(",", "")) > a100_rate, shown  # H100, A100
         spend = client.spend()
         assert spend["dollars"] == pytest.approx(team["dollars"]) and spend["tenants"][0]["monthly_budget"] is None
         metrics = httpx.get(

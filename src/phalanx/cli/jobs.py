@@ -210,14 +210,19 @@ def spend() -> None:
 
 def speeds() -> None:
     """How fast each kind of your jobs runs on each GPU type, in tokens/s per GPU: measured (*) where its runs
-    ran, estimated elsewhere. The scheduler puts each job where it runs fastest."""
+    ran, estimated elsewhere; a kind not yet measured, as a share of its fastest type. The scheduler puts each
+    job where it runs fastest."""
     table_of = call(connect().speeds)
     table = Table("kind", *table_of["types"], box=None)
     for k in table_of["kinds"]:
-        rates = k["tokens_per_gpu_s"]
-        table.add_row(k["kind"], *(f"{rates[t]:,.1f}{'*' if t in k['measured'] else ''}" for t in table_of["types"]))
+        rates, relative = k["tokens_per_gpu_s"], k["relative"]
+        table.add_row(k["kind"], *(
+            (f"{rates[t]:,.1f}" if rates else f"{relative[t]:.2f}x") + ("*" if t in k["measured"] else "")
+            for t in table_of["types"]
+        ))  # fmt: skip
     out.print(table)
-    err.print("* measured on its runs; the rest estimated from how the types compare (or their peak FLOP/s)")
+    err.print("tokens/s per GPU (* measured on its runs); 0.50x: half as fast as on its fastest type, estimated from "
+              "how the types compare, or their peak FLOP/s")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -128,22 +128,28 @@ class Packing:
         return None if best is None else (best[1], best[2])
 
     def take(self, name: str, ask: Ask, gpus: tuple[int, ...]) -> None:
-        room = self.rooms[name]
-        if len(gpus) != ask.gpus or len(set(gpus)) != len(gpus) or not all(0 <= i < len(room.gpus) for i in gpus):
-            raise ValueError(f"node {name!r}: GPUs {gpus} for a task of {ask.gpus}; it has {len(room.gpus)}")
+        room = self._room(name, ask, gpus)
         if not room.holds(ask) or any(room.gpus[i] < ask.gpu_milli for i in gpus):
             raise ValueError(f"node {name!r} has {room} left: it cannot take {ask} on GPUs {gpus}")
         self._set(name, room.minus(ask, gpus))
 
     def give_back(self, name: str, ask: Ask, gpus: tuple[int, ...]) -> None:
-        room, whole = self.rooms[name], self.capacity[name]
+        room, whole = self._room(name, ask, gpus), self.capacity[name]
         left = list(room.gpus)
         for i in gpus:
             left[i] += ask.gpu_milli
         cpu = room.cpu_milli + ask.cpu_milli
-        if len(gpus) != ask.gpus or cpu > whole.cpu_milli or any(g > MILLI for g in left):
+        if cpu > whole.cpu_milli or any(g > MILLI for g in left):
             raise ValueError(f"node {name!r}: {ask} on GPUs {gpus} was not taken there")
         self._set(name, Room(room.gpu_type, cpu, tuple(left)))
+
+    def _room(self, name: str, ask: Ask, gpus: tuple[int, ...]) -> Room:
+        """The node's room, once ``gpus`` are the task's count of distinct GPUs it has."""
+        if (room := self.rooms.get(name)) is None:
+            raise ValueError(f"no node {name!r}")
+        if len(gpus) != ask.gpus or len(set(gpus)) != len(gpus) or not all(0 <= i < len(room.gpus) for i in gpus):
+            raise ValueError(f"node {name!r}: GPUs {gpus} for a task of {ask.gpus}; it has {len(room.gpus)}")
+        return room
 
     def _set(self, name: str, room: Room) -> None:
         if (old := self.rooms.get(name)) is not None:
@@ -195,9 +201,11 @@ class Fragmentation:
     def of(self, room: Room) -> float:
         """The room's expected fragmentation, in GPU thousandths. Each shape's part is kept per room (rooms
         recur: a fleet has few kinds of node), and weighed by the workload as it is now."""
-        # Not a node's GPU order: which GPU is which does not change what its tasks could use.
+        if not self.workload.total:
+            return 0.0
         if len(self._memo) > MEMO_ROOMS:  # a long-lived server's fleet passes through ever more kinds of room
             self._memo.clear()
+        # Not the GPUs' order: which GPU is which does not change what its tasks could use.
         parts = self._memo.setdefault((room.gpu_type, room.cpu_milli, tuple(sorted(room.gpus))), {})
         left, total = sum(room.gpus), 0
         for ask, n in self.workload.counts.items():
@@ -207,6 +215,6 @@ class Fragmentation:
         return total / self.workload.total
 
     def __call__(self, room: Room, ask: Ask, gpus: tuple[int, ...]) -> tuple[float, ...]:
-        raised = self.of(room.minus(ask, gpus)) - self.of(room) if self.workload.total else 0.0
+        raised = self.of(room.minus(ask, gpus)) - self.of(room)
         # Rounded, so that raises equal but for float sums compare equal and go to the tie-break.
         return (round(raised, 6), *(self.tie_break(room, ask, gpus) if self.tie_break else ()))

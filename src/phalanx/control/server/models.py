@@ -237,7 +237,10 @@ class Spend(BaseModel):
 
 class KindSpeeds(BaseModel):
     kind: str = Field(description="a class of jobs (the spec's kind, or one made from its model or script)")
-    tokens_per_gpu_s: dict[str, float] = Field(description="per GPU type: measured, or estimated where not")
+    relative: dict[str, float] = Field(description="per GPU type: its speed per GPU over the fastest type's")
+    tokens_per_gpu_s: dict[str, float] = Field(
+        description="per GPU type, once a run of it was measured (else empty): measured, or estimated from there"
+    )
     measured: list[str] = Field(description="the types its runs were measured on")
     fastest: str = Field(description="the type it runs fastest on, per GPU")
 

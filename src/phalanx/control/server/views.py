@@ -194,10 +194,13 @@ def speed_table(scope: Scope, types: Mapping[str, core.GpuType]) -> SpeedTable:
     table = speeds.learned(scope.session, types)
     rows = []
     for kind in scope.kinds():
-        rates = {t: table.rate(kind, t) for t in types}
+        relative = table.relative(kind, list(types))
         measured = table.measured.get(kind, {})
-        rows.append(KindSpeeds(kind=kind, tokens_per_gpu_s=rates, measured=[t for t in types if t in measured],
-                               fastest=max(rates, key=rates.__getitem__)))  # fmt: skip
+        rows.append(KindSpeeds(
+            kind=kind, relative=relative, measured=[t for t in types if t in measured],
+            tokens_per_gpu_s={t: table.rate(kind, t) for t in types} if measured else {},  # else only a ratio
+            fastest=max(relative, key=relative.__getitem__),
+        ))  # fmt: skip
     return SpeedTable(types=list(types), kinds=rows)
 
 

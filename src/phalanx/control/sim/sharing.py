@@ -47,9 +47,12 @@ def score_for(choice: str, packing: Packing, pods: Sequence[Ask]) -> tuple[Score
 
 
 def fill(
-    nodes: Sequence[tuple[str, str, int, int]], pods: Sequence[Ask], choice: str, seed: int,
+    nodes: Sequence[tuple[str, str, int, int]],
+    pods: Sequence[Ask],
+    choice: str,
+    seed: int,
     marks: Sequence[float] = (0.8, 0.9, 1.0),
-) -> Fill:  # fmt: skip
+) -> Fill:
     """Fill the fleet with the seed's arrivals by ``choice``, noting the unallocated GPUs at each mark."""
     packing = Packing(nodes)
     score, learns = score_for(choice, packing, pods)

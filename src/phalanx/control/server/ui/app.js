@@ -429,7 +429,7 @@ function fleetPage() {
     <h2>Utilisation, last 24 hours</h2><div id="chart-utilisation"></div>
     <h2>Spend this month</h2><p id="spend-total"></p>
     <table id="spend"><thead><tr><th>tenant</th><th>spent</th><th>monthly budget</th><th></th><th>now</th></tr></thead><tbody></tbody></table>
-    <h2>Speed per GPU type</h2><p class="why">tokens/s per GPU of each kind of job: measured (*) on its runs, estimated elsewhere; each job goes where it runs fastest</p>
+    <h2>Speed per GPU type</h2><p class="why">tokens/s per GPU of each kind of job: measured (*) on its runs, estimated elsewhere; a kind not yet measured, as a share of its fastest type; each job goes where it runs fastest</p>
     <table id="speeds"><thead></thead><tbody></tbody></table>`;
   const used = chart($("#chart-utilisation"), `${unit} allocated, the most in each 12 minutes`, unit, (v) => num(v, 1),
     "no execution in the last 24 hours", false);
@@ -461,7 +461,7 @@ function fleetPage() {
     const speeds = d.speeds;
     $("#speeds thead").innerHTML = `<tr><th>kind</th>${speeds.types.map((t) => `<th>${esc(t)}</th>`).join("")}</tr>`;
     $("#speeds tbody").innerHTML = speeds.kinds.map((k) => `<tr data-kind="${esc(k.kind)}"><td data-label="kind">${esc(k.kind)}</td>
-      ${speeds.types.map((t) => `<td data-label="${esc(t)}"${t === k.fastest ? " class=\"fastest\"" : ""}>${num(k.tokens_per_gpu_s[t], 1)}${k.measured.includes(t) ? "*" : ""}</td>`).join("")}</tr>`).join("")
+      ${speeds.types.map((t) => `<td data-label="${esc(t)}"${t === k.fastest ? " class=\"fastest\"" : ""}>${k.measured.length ? num(k.tokens_per_gpu_s[t], 1) : `${num(k.relative[t], 2)}x`}${k.measured.includes(t) ? "*" : ""}</td>`).join("")}</tr>`).join("")
       || `<tr><td colspan="${speeds.types.length + 1}" class="why">no jobs yet</td></tr>`;
   });
 }
