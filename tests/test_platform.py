@@ -51,13 +51,20 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_job_through_the_cli(server: PhalanxServer, tmp_path: Path) -> None:
-    """login, tenants, users, tokens, submit, jobs, status, logs (after the end, and followed), usage, cancel."""
+    """login, tenants (a budget and a borrowing limit set and removed), users, tokens, submit, jobs, status, logs
+    (after the end, and followed), usage, cancel."""
     admin_env = {"PHALANX_CONFIG": str(tmp_path / "admin.json")}
     token = server.token_file.read_text().strip()
     assert cli(admin_env, "login", server.url, "--token", token).returncode == 0
     assert cli(admin_env, "tenants", "create", "vision", "--nominal-gpus", "2").returncode == 0
     huge = cli(admin_env, "tenants", "create", "huge", "--nominal-gpus", "100000")  # kept, but said
     assert huge.returncode == 0 and "quota of 100000 slots is more than the cluster's" in huge.stderr, huge.stderr
+    budgeted = cli(admin_env, "tenants", "update", "huge", "--monthly-budget", "50", "--borrowing-limit", "3")
+    assert "huge: 100000 slots, no cohort, borrowing limit 3, $50.00 a month" in budgeted.stderr, budgeted.stderr
+    removed = cli(admin_env, "tenants", "update", "huge", "--no-monthly-budget", "--no-borrowing-limit")
+    assert "huge: 100000 slots, no cohort, no borrowing limit, no budget" in removed.stderr, removed.stderr
+    both = cli(admin_env, "tenants", "update", "huge", "--monthly-budget", "5", "--no-monthly-budget")
+    assert both.returncode == 2 and "--monthly-budget and --no-monthly-budget: give one" in both.stderr
     assert cli(admin_env, "users", "create", "alice", "--tenant", "vision").returncode == 0
     made = cli(admin_env, "tokens", "create", "--user", "alice")
     alice = {"PHALANX_CONFIG": str(tmp_path / "alice.json")}

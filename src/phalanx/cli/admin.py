@@ -79,13 +79,23 @@ def tenants_update(
     cohort: str | None = typer.Option(None),
     borrowing_limit: int | None = typer.Option(None, "--borrowing-limit", min=0),
     monthly_budget: float | None = typer.Option(None, "--monthly-budget", min=0, help="dollars a calendar month"),
+    no_borrowing_limit: bool = typer.Option(False, "--no-borrowing-limit", help="it may borrow all its cohort lends"),
+    no_monthly_budget: bool = typer.Option(False, "--no-monthly-budget", help="remove its budget"),
 ) -> None:
     changes = {
         "nominal_gpus": nominal_gpus, "cohort": cohort, "borrowing_limit": borrowing_limit,
         "monthly_budget": monthly_budget,
     }  # fmt: skip
+    changes = {k: v for k, v in changes.items() if v is not None}
+    for field, removed in (("borrowing_limit", no_borrowing_limit), ("monthly_budget", no_monthly_budget)):
+        if removed and field in changes:
+            option = field.replace("_", "-")
+            err.print(f"[bold red]--{option} and --no-{option}[/]: give one", highlight=False)
+            raise typer.Exit(2)
+        if removed:
+            changes[field] = None
     client = connect()
-    changed = call(client.update_tenant, name, **{k: v for k, v in changes.items() if v is not None})
+    changed = call(client.update_tenant, name, **changes)
     _said(changed, call(client.cluster)["unit"])
 
 
