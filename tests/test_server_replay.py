@@ -125,7 +125,7 @@ def _by_moment(decided: list[tuple]) -> list[tuple[float, list]]:
     return [(t, sorted(moments[t])) for t in sorted(moments)]
 
 
-@pytest.mark.parametrize(("policy", "first_jobs"), [("phalanx", 2000), ("tiresias-like", 600)])
+@pytest.mark.parametrize(("policy", "first_jobs"), [("phalanx", 1000), ("tiresias-like", 600)])
 def test_the_server_loop_decides_as_the_simulator_on_a_philly_slice(
     policy: str, first_jobs: int, tmp_path: Path
 ) -> None:
