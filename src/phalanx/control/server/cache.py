@@ -49,7 +49,7 @@ class Cache:
         directories), the queue, and the jobs that take the room made for them first. ``types``: the GPU types
         as the operator priced them."""
         self.nodes, self.reasons, self.read_to = list(nodes), {}, {}
-        cluster = core.Cluster(nodes, unit, cluster_config.as_found(types, nodes))
+        cluster = cluster_config.fleet(nodes, unit, types)
         state = core.State(cluster, self._tenants(s), core.Queue(self.policy.key), speeds.learned(s, cluster.types))
         month = month_start(now)
         state.new_period(month, {t: d for t, (d, _) in spend(s, month, now, ended_only=True).items()})

@@ -78,3 +78,9 @@ def as_found(types: Sequence[core.GpuType], nodes: Iterable[core.Node]) -> list[
     types are often lower case: ``gpu:h100:8``), so that the file's H100 prices the nodes found as h100."""
     found = {node.gpu_type.lower(): node.gpu_type for node in nodes}
     return [replace(t, name=found.get(t.name.lower(), t.name)) for t in types]
+
+
+def fleet(nodes: Sequence[core.Node], unit: str, types: Sequence[core.GpuType]) -> core.Cluster:
+    """The executor's nodes with the operator's types (``as_found``): what the scheduler places on, and the
+    type table (peaks, prices) the API's speed table is seeded by, the same for both."""
+    return core.Cluster(nodes, unit, as_found(types, nodes))

@@ -78,7 +78,7 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     types: dict[str, int] = {}
     for node in nodes:
         types[node.gpu_type] = types.get(node.gpu_type, 0) + node.gpus
-    described = core.Cluster(nodes, executor.unit, cluster_config.as_found(settings.priced, nodes)).types
+    described = cluster_config.fleet(nodes, executor.unit, settings.priced).types
     server = Server(store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit, described)
     return server, controller, token
 
