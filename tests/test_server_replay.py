@@ -39,6 +39,7 @@ class TraceExecutor:
 
     name = "trace"
     unit = "GPUs"
+    shares = False  # Philly's jobs take whole GPUs
 
     def __init__(self, arrived: list[Arrival], nodes: list[core.Node], clock: Clock, root: Path, store):
         self.arrived = {a.job.id: a for a in arrived}

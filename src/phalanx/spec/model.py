@@ -44,12 +44,32 @@ class Resources(Strict):
         default=False,
         description="one gang may span GPU types when no one type holds it (it runs at the pace of the slowest)",
     )
+    gpu_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="a share of one GPU, 0.001 to 0.999, for a job of one process on one node under `phalanx "
+        "server`: it runs beside other shares of the same GPU, its CUDA memory capped at that share; none: whole GPUs",
+    )
 
     @model_validator(mode="after")
     def _preferred_are_allowed(self) -> Resources:
         if stray := [t for t in self.prefer_gpu_types if self.gpu_types and t not in self.gpu_types]:
             raise ValueError(f"prefer_gpu_types: {stray} are not in gpu_types {self.gpu_types}")
+        if self.gpu_fraction is not None:
+            if not 1 <= self.gpu_milli < 1000:
+                raise ValueError(f"gpu_fraction: {self.gpu_fraction}; a share counts thousandths, 0.001 to 0.999")
+            if (self.nodes, self.procs_per_node, self.spare_nodes) != (1, 1, 0):
+                raise ValueError(
+                    f"gpu_fraction: a share of one GPU is for one process on one node; this job asks for nodes "
+                    f"{self.nodes}, procs_per_node {self.procs_per_node}, spare_nodes {self.spare_nodes}"
+                )
         return self
+
+    @property
+    def gpu_milli(self) -> int:
+        """Its GPU in thousandths: 1000 for whole GPUs."""
+        return 1000 if self.gpu_fraction is None else round(self.gpu_fraction * 1000)
 
     @property
     def world_size(self) -> int:

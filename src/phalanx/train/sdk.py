@@ -154,6 +154,8 @@ def init(device: str | None = None) -> WorkerContext:
     local_rank = int(env.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
+        if fraction := env.get("PHALANX_GPU_FRACTION"):  # a share of the GPU: its memory, not its neighbours'
+            torch.cuda.set_per_process_memory_fraction(float(fraction), local_rank)
         dev, backend = torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
     else:
         dev, backend = torch.device("cpu"), "gloo"

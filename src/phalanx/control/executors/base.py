@@ -27,6 +27,8 @@ class Launch:
     workdir: str
     placement: dict[str, int]
     nodes: int
+    gpu_milli: int = 1000  # less: a share of one GPU, in thousandths ...
+    carve: int | None = None  # ... on its node's shared GPU of this id: shares of the same id share a device
 
 
 class Phase(enum.StrEnum):
@@ -47,6 +49,7 @@ class Status:
 class Executor(Protocol):
     name: str
     unit: str  # what its capacity counts: "GPUs", or "slots" (CPU slots) where it offers no GPUs
+    shares: bool  # it runs shares of one GPU (``Launch.gpu_milli``) beside each other
 
     def capacity(self) -> list[Node]:
         """The nodes and GPUs (or CPU slots) this executor offers the scheduler."""

@@ -5,6 +5,7 @@ reused pid is not mistaken for it).
 
     <root>/<job id>/attempt-<n>/job.yaml         the resolved spec
                                /pid              the supervisor's pid, written by the process itself
+                               /devices.json     the GPU indices it holds (a share: and its shared GPU's id)
                                /supervisor.log   the supervisor's own output
                                /runs/<name>/<run id>/   its run directory (logs, events, metrics, result)
 """
@@ -32,6 +33,7 @@ _RECORD_PID = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1" && shift && exec "$@"'
 
 class LocalExecutor:
     name = "local"
+    shares = True  # shares of one GPU run on the same device, each capping its CUDA memory at its share
 
     def __init__(self, root: str | Path, slots: int | None = None, gpu_types: dict[str, int] | None = None):
         """``slots``: CPU slots to offer (a job takes procs_per_node x nodes of them). None: this machine's
@@ -61,6 +63,7 @@ class LocalExecutor:
             self.nodes[name] = (gpu_type, list(range(first, first + count)))
             first += count
         self._devices: dict[str, list[int]] = {}  # execution dir -> GPU indices it holds
+        self._shared: dict[str, tuple[str, int]] = {}  # execution dir -> (node, shared GPU) of a share
         self._children: dict[int, subprocess.Popen] = {}  # started by this server: reaped here
 
     def capacity(self) -> list[Node]:
@@ -75,11 +78,18 @@ class LocalExecutor:
         env = dict(os.environ)
         gpus = sum(launch.placement.values())
         if self.gpus:
-            held = {d for devices in self._devices.values() for d in devices}
-            node = self.nodes[next(iter(launch.placement))][1]  # one node: all its devices are of one type
-            devices = [d for d in node if d not in held][:gpus]
+            name = next(iter(launch.placement))  # one node: all its devices are of one type
+            shared = (name, launch.carve) if launch.carve is not None else None
+            neighbours = [self._devices[d] for d, key in self._shared.items() if key == shared]
+            if neighbours:  # the shared GPU's other shares run: the same device
+                devices = neighbours[0]
+            else:
+                held = {d for devices in self._devices.values() for d in devices}
+                devices = [d for d in self.nodes[name][1] if d not in held][:gpus]
             self._devices[str(where)] = devices
-            (where / "devices.json").write_text(json.dumps(devices))
+            if shared is not None:
+                self._shared[str(where)] = shared
+            (where / "devices.json").write_text(json.dumps({"devices": devices, "shared": shared}))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         argv = [sys.executable, "-m", "phalanx", "run", str(where / "job.yaml"), "--runs-dir", str(where / "runs")]
         if launch.nodes > 1:
@@ -100,7 +110,12 @@ class LocalExecutor:
     def adopt(self, handle: Handle) -> None:
         devices = Path(handle["dir"]) / "devices.json"
         if devices.is_file():
-            self._devices[handle["dir"]] = json.loads(devices.read_text())
+            held = json.loads(devices.read_text())
+            if isinstance(held, list):  # written by a server from before shares
+                held = {"devices": held, "shared": None}
+            self._devices[handle["dir"]] = held["devices"]
+            if held["shared"] is not None:
+                self._shared[handle["dir"]] = tuple(held["shared"])
 
     def status(self, handle: Handle) -> Status:
         where = Path(handle["dir"])
@@ -109,6 +124,7 @@ class LocalExecutor:
         if self._alive(handle):
             return Status(Phase.RUNNING, run_dir)
         self._devices.pop(handle["dir"], None)
+        self._shared.pop(handle["dir"], None)
         self._children.pop(handle["pid"], None)
         if run is not None and (ended := run.read_result()) is not None:
             return Status(Phase.EXITED, run_dir, ended.outcome, ended.exit_code, ended.reason)

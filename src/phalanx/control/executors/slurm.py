@@ -301,6 +301,7 @@ class SlurmExecutor:
     against the partition's nodes; Slurm places the job within it."""
 
     name = "slurm"
+    shares = False  # a share of a GPU would need Slurm's gres sharding or MPS configured: whole GPUs only
 
     def __init__(self, root: str | Path, partition: str | None = None):
         for command in ("sbatch", "scontrol", "scancel", "sinfo"):

@@ -26,7 +26,7 @@ def apply(decided: Round, state: State, actuator: Actuator, now: float) -> None:
     """Admissions first, in the round's order (each took its GPUs in that order), then preemptions."""
     for admit in decided.admit:
         if actuator.admit(admit, now):
-            state.start(admit.job, admit.placement, now)
+            state.start(admit.job, admit.placement, now, admit.carve)
     for preempt in decided.preempt:
         if actuator.preempt(preempt, now):
             state.ask_to_evict(preempt.job, preempt.for_job)

@@ -1,10 +1,12 @@
-"""The fleet as the scheduler sees it: nodes with GPUs of one type each, grouped in racks, and how many GPUs
-each has free."""
+"""The fleet as the scheduler sees it: nodes with GPUs of one type each, grouped in racks, how many GPUs each
+has free, and the GPUs carved for shares (fractions of one GPU: sharing.py) with the thousandths each has left."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from phalanx.control.scheduler.sharing import MILLI, Room
 
 ANY_TYPE = "gpu"  # the type of a node whose GPUs nobody named: a fleet of one kind
 
@@ -46,7 +48,10 @@ class Cluster:
     """Nodes and their free GPUs. ``allocate`` and ``release`` take a placement ({node: GPUs}); an allocation
     that does not fit is an error, never a silent overcommit. Nodes are also indexed, per GPU type, by how many
     GPUs they have free (``by_free``, insertion-ordered for determinism), so a job that fits on one node finds
-    its tightest node of a type without a scan of the fleet."""
+    its tightest node of a type without a scan of the fleet.
+
+    Shares: ``take_share`` carves a free GPU for shares when a share is the first on it (a carved GPU is no
+    longer free: no gang lands on it), and ``give_share`` makes it free again when its last share leaves."""
 
     def __init__(self, nodes: Iterable[Node], unit: str = "GPUs", types: Iterable[GpuType] = ()):
         self.unit = unit  # what a node's count counts, in the scheduler's words: GPUs, or CPU slots ("slots")
@@ -73,6 +78,8 @@ class Cluster:
             self._set(name, node.gpus)
             self.racks.setdefault(node.rack, []).append(name)
         self.largest = max((node.gpus for node in self.nodes.values()), default=0)  # GPUs of the biggest node
+        self.carved: dict[str, dict[int, int]] = {}  # node -> its shared GPUs: id -> thousandths left
+        self.carved_left = 0  # thousandths left on shared GPUs, in all
         self._workers: dict[tuple[str, int], int] = {}  # (type, GPUs per worker) -> workers its nodes hold empty
 
     @classmethod
@@ -87,6 +94,7 @@ class Cluster:
         view = object.__new__(Cluster)
         view.__dict__.update(self.__dict__)  # what never changes is shared
         view.free = dict(self.free)
+        view.carved = {name: dict(gpus) for name, gpus in self.carved.items()}
         view.by_free = {t: {k: dict(names) for k, names in index.items()} for t, index in self.by_free.items()}
         return view
 
@@ -108,11 +116,12 @@ class Cluster:
             room = self._workers[key] = sum(self.nodes[n].gpus // per_worker for n in self.typed.get(gpu_type, ()))
         return workers <= room
 
-    def dollars_per_h(self, placement: Mapping[str, int]) -> float:
+    def dollars_per_h(self, placement: Mapping[str, int], milli: int = MILLI) -> float:
         """What a placement costs an hour, at each node's type's on-demand price (a node no longer in the
-        cluster costs nothing: it is gone)."""
+        cluster costs nothing: it is gone); a share (``milli`` < 1000) pays its share of its GPU."""
         nodes, types = self.nodes, self.types
-        return sum(gpus * types[nodes[n].gpu_type].price_per_gpu_h for n, gpus in placement.items() if n in nodes)
+        whole = sum(gpus * types[nodes[n].gpu_type].price_per_gpu_h for n, gpus in placement.items() if n in nodes)
+        return whole * milli / MILLI
 
     @property
     def total_gpus(self) -> int:
@@ -136,6 +145,48 @@ class Cluster:
                 raise ValueError(f"cannot release {gpus} GPU(s) on node {name!r}: not allocated there")
         for name, gpus in placement.items():
             self._set(name, self.free[name] + gpus)
+
+    # shares ----------------------------------------------------------------------------------------------------
+    def room(self, name: str) -> Room:
+        """What the node has left for a share: each shared GPU's thousandths (by id), then its free GPUs."""
+        carved = self.carved.get(name, {})
+        left = (*(carved[c] for c in sorted(carved)), *(MILLI,) * self.free[name])
+        return Room(self.nodes[name].gpu_type, 0, left)
+
+    def carve_of(self, name: str, index: int) -> int:
+        """The shared GPU that GPU ``index`` of ``room(name)`` is: a carved one, or the next one to carve."""
+        ids = sorted(self.carved.get(name, {}))
+        return ids[index] if index < len(ids) else min(set(range(len(ids) + 1)) - set(ids))
+
+    def take_share(self, name: str, carve: int, milli: int) -> None:
+        """``milli`` thousandths of shared GPU ``carve`` of node ``name``, carving it from a free GPU first if
+        no share holds it yet."""
+        if name not in self.free or not 0 < milli < MILLI or carve < 0:
+            raise ValueError(f"cannot take {milli} thousandths of shared GPU {carve} on node {name!r}")
+        carved = self.carved.get(name, {})
+        if carve not in carved and self.free[name] < 1:
+            raise ValueError(f"cannot carve a GPU for shares on node {name!r}: none free")
+        if carved.get(carve, MILLI) < milli:
+            raise ValueError(f"shared GPU {carve} on node {name!r} has {carved[carve]} thousandths left, not {milli}")
+        if carve not in carved:
+            self._set(name, self.free[name] - 1)
+            carved = self.carved.setdefault(name, {})
+            carved[carve], self.carved_left = MILLI, self.carved_left + MILLI
+        carved[carve] -= milli
+        self.carved_left -= milli
+
+    def give_share(self, name: str, carve: int, milli: int) -> None:
+        carved = self.carved.get(name, {})
+        if carve not in carved or not 0 < milli <= MILLI - carved[carve]:
+            raise ValueError(f"cannot give back {milli} thousandths of shared GPU {carve} on node {name!r}: not taken")
+        carved[carve] += milli
+        self.carved_left += milli
+        if carved[carve] == MILLI:  # its last share left: a whole free GPU again
+            del carved[carve]
+            self.carved_left -= MILLI
+            if not carved:
+                del self.carved[name]
+            self._set(name, self.free[name] + 1)
 
     def _set(self, name: str, free: int) -> None:
         index = self.by_free[self.nodes[name].gpu_type]

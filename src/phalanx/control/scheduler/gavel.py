@@ -104,7 +104,7 @@ class GavelLike:
         if not jobs:
             return
         normalised = [[r / sum(row) for r in row] for row in rates]
-        shares = _max_min(normalised, [float(job.gpus) for job in jobs], [capacity[t] for t in types])
+        shares = _max_min(normalised, [job.gpu_use for job in jobs], [capacity[t] for t in types])
         ranked = []
         for job, row in zip(jobs, shares, strict=True):
             elapsed = max(snap.now - job.submitted, 1e-9)
@@ -115,8 +115,8 @@ class GavelLike:
         ranked.sort(key=lambda item: (-item[0], -item[1], item[2].submitted, item[2].id))
         left = dict(capacity)
         for priority, _, job, t in ranked:
-            if job.id not in self.chosen and left[t] >= job.gpus:
-                left[t] -= job.gpus
+            if job.id not in self.chosen and left[t] >= job.gpu_use:
+                left[t] -= job.gpu_use
                 self.chosen[job.id], self.priority[job.id] = t, priority
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phalanx.control.scheduler.sharing import MILLI, Ask
+
 
 @dataclass(frozen=True)
 class Tenant:
@@ -48,16 +50,39 @@ class Job:
     gpu_types: tuple[str, ...] = ()  # the GPU types it may run on; empty: any
     prefer: tuple[str, ...] = ()  # of those, the ones it would rather have, best first
     mix_types: bool = False  # one gang may span GPU types (it runs at the pace of the slowest)
+    gpu_milli: int = MILLI  # less than 1000: one process on a share of one GPU, in thousandths (sharing.py)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.per_worker < 1:
             raise ValueError(f"job {self.id!r}: {self.workers} worker(s) x {self.per_worker} GPU(s); both >= 1")
         if stray := set(self.prefer) - set(self.gpu_types or self.prefer):
             raise ValueError(f"job {self.id!r}: prefers {sorted(stray)}, which its gpu_types {self.gpu_types} exclude")
+        if not 0 < self.gpu_milli <= MILLI or (self.gpu_milli < MILLI and self.gpus != 1):
+            raise ValueError(
+                f"job {self.id!r}: {self.gpu_milli} thousandths of a GPU for {self.workers} x {self.per_worker}: "
+                f"a share (1 to {MILLI - 1} thousandths) is of one GPU, for one worker"
+            )
 
     @property
     def gpus(self) -> int:
+        """GPUs it holds, as quotas count them: a share counts as one (quotas are whole GPUs)."""
         return self.workers * self.per_worker
+
+    @property
+    def gpu_use(self) -> float:
+        """GPUs it uses: a share, its fraction of one."""
+        return self.gpus * self.gpu_milli / MILLI
+
+    @property
+    def shares(self) -> bool:
+        """It takes a share of one GPU, beside other shares: kept apart from gangs (never preempting one, never
+        preempted for one)."""
+        return self.gpu_milli < MILLI
+
+    @property
+    def ask(self) -> Ask:
+        """What it asks of each node it runs on, as the packing measures it (sharing.py)."""
+        return Ask(0, self.per_worker, self.gpu_milli, self.gpu_types)
 
 
 @dataclass(frozen=True)
@@ -70,6 +95,7 @@ class Run:
     started: float
     last_checkpoint: float
     evicting_for: str | None = None
+    carve: int | None = None  # a share's GPU: which of its node's shared GPUs (Cluster.carved)
 
     @property
     def id(self) -> str:
@@ -81,6 +107,7 @@ class Admit:
     job: str
     placement: dict[str, int]
     borrowing: bool  # admitted on GPUs lent by its cohort: reclaimable
+    carve: int | None = None  # a share's GPU on its node (Cluster.carved)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from phalanx.control.scheduler.cluster import Cluster
 @dataclass(frozen=True)
 class Placement:
     gpus: dict[str, int]  # node -> GPUs of this job there
+    carve: int | None = None  # a share's: which shared GPU of its one node (Cluster.carved)
 
     @property
     def nodes(self) -> int:

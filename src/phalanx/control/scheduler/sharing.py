@@ -164,8 +164,12 @@ class BestFit:
     """Least room left, CPU and GPU weighed half and half over the fleet's largest node (FGD's simulator's
     best fit), then the fullest GPU that holds a share."""
 
-    def __init__(self, packing: Packing):
-        self.cpu, self.gpus = max(packing.largest_cpu, 1), max(packing.largest_gpus, 1) * MILLI
+    def __init__(self, largest_cpu_milli: int, largest_gpus: int):
+        self.cpu, self.gpus = max(largest_cpu_milli, 1), max(largest_gpus, 1) * MILLI
+
+    @classmethod
+    def of(cls, packing: Packing) -> BestFit:
+        return cls(packing.largest_cpu, packing.largest_gpus)
 
     def __call__(self, room: Room, ask: Ask, gpus: tuple[int, ...]) -> tuple[float, ...]:
         left = 0.5 * (room.cpu_milli - ask.cpu_milli) / self.cpu + 0.5 * (sum(room.gpus) - ask.gpu_total) / self.gpus

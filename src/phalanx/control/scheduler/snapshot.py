@@ -75,7 +75,10 @@ class Snapshot:
         """Where the whole gang fits in the round's cluster: on the first of ``types`` where it fits (the
         policy's order); None: the best fit over the job's types, as a policy that does not tell types apart
         places it. A gang never spans types unless the job allows it, and then only when no one type holds it.
-        A shape that did not fit on a type is remembered, since GPUs only get taken within a round."""
+        A shape that did not fit on a type is remembered, since GPUs only get taken within a round. A share goes
+        where it fragments the fleet least (``share``)."""
+        if job.shares:
+            return self._share(job, self.types_of(job) if types is None else types)
         if job.gpus > self.free:
             return None
         if types is not None:
@@ -111,22 +114,48 @@ class Snapshot:
         """The gang over all of ``types``, when its job may span them and no one type held it."""
         return place(cluster, job.workers, job.per_worker, types) if job.mix_types and len(types) > 1 else None
 
+    def _share(self, job: Job, types: Sequence[str]) -> Placement | None:
+        """A share's node and shared GPU: of the first of ``types`` that holds it, the candidate (a shared GPU
+        with room, or a free GPU to carve) that raises the node's fragmentation least for the jobs' shapes seen
+        (sharing.Fragmentation, best fit among equals)."""
+        cluster, ask, score = self.cluster, job.ask, self.state.share_score
+        for gpu_type in types:
+            best: tuple[tuple[float, ...], str, int] | None = None
+            for name in cluster.typed.get(gpu_type, ()):
+                if not cluster.free[name] and name not in cluster.carved:
+                    continue
+                room = cluster.room(name)
+                for (index,) in room.choices(ask):
+                    value = score(room, ask, (index,))
+                    if best is None or value < best[0]:
+                        best = (value, name, index)
+            if best is not None:
+                return Placement({best[1]: 1}, cluster.carve_of(best[1], best[2]))
+        return None
+
     def nothing_fits(self) -> bool:
-        return self.free == 0 or all(
+        """No whole GPU is free where a one-GPU job could go, and no shared GPU has room."""
+        whole = self.free == 0 or all(
             self._unplaceable.get((t, 1)) == 1 for t in self.cluster.typed if self.cluster.typed[t]
         )
+        return whole and self.cluster.carved_left == 0
 
     def seen(self, job: Job) -> bool:
         return job.id in self.round.waits or job.id in self.admitted
 
     def admit(self, job: Job, placement: Placement, borrowing: bool) -> None:
-        self.cluster.allocate(placement.gpus)
+        if placement.carve is not None:  # a share: a whole GPU less when it carves one
+            ((node, _),) = placement.gpus.items()
+            self.free -= placement.carve not in self.cluster.carved.get(node, {})
+            self.cluster.take_share(node, placement.carve, job.gpu_milli)
+        else:
+            self.cluster.allocate(placement.gpus)
+            self.free -= job.gpus
         self.admitted.add(job.id)
-        self.free -= job.gpus
         self.held[job.tenant] += job.gpus
         if (cohort := self.state.tenants[job.tenant].cohort) is not None:
             self.cohort_held[cohort] += job.gpus
-        self.round.admit.append(Admit(job.id, placement.gpus, borrowing))
+        self.round.admit.append(Admit(job.id, placement.gpus, borrowing, placement.carve))
 
     def wait(self, job: Job, kind: str, reason: str, behind: str | None = None) -> None:
         self.round.waits[job.id] = Wait(job.id, kind, reason, behind)
@@ -146,10 +175,13 @@ class Snapshot:
         both on the nodes and in its quota (GPUs of its own tenant, of its cohort: ``shortfall``), on nodes of
         ``types`` (None: any the job may run on). None if there is no such set. A job that fits on one node
         takes them from the node where the worst victim taken is the cheapest; a gang, the cheapest prefix that
-        makes it fit on one of the types (the first, in their order), less those it would not use."""
+        makes it fit on one of the types (the first, in their order), less those it would not use. Shares are
+        kept apart from gangs: a share preempts nothing and is never a victim."""
+        if job.shares:
+            return None
         types = self.types_of(job) if types is None else types
         nodes = self.cluster.nodes
-        pool = [run for run in candidates if run.id not in self.leaving]
+        pool = [run for run in candidates if run.id not in self.leaving and not run.job.shares]
         own_needed, cohort_needed = self.shortfall(job)
         cohort = self.state.tenants[job.tenant].cohort
 
@@ -224,7 +256,7 @@ class Snapshot:
             if offered >= enough or seen >= 4 * enough:
                 break  # the cheapest victims worth many times the job's GPUs, of the cheapest runs: enough
             victim = run.job
-            if victim.tenant not in victims_of or run.id in self.leaving:
+            if victim.tenant not in victims_of or run.id in self.leaving or victim.shares:
                 continue
             seen += 1
             over = self.held[victim.tenant] - state.tenants[victim.tenant].nominal_gpus - taken.get(victim.tenant, 0)

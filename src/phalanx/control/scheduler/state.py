@@ -14,6 +14,7 @@ from typing import ClassVar, Protocol
 
 from phalanx.control.scheduler.cluster import Cluster
 from phalanx.control.scheduler.jobs import Job, Round, Run, Tenant
+from phalanx.control.scheduler.sharing import BestFit, Fragmentation, Workload
 from phalanx.control.scheduler.speeds import Speeds
 
 
@@ -67,6 +68,9 @@ class State:
                 raise ValueError(f"tenant {tenant.name!r} is listed twice")
             self.tenants[tenant.name] = tenant
         self.queue = queue
+        # where shares go: FGD's measure for the shapes of the jobs submitted so far, best fit among equals
+        self.workload = Workload()
+        self.share_score = Fragmentation(self.workload, tie_break=BestFit(0, cluster.largest))
         self.running: dict[str, Run] = {}
         self.runs_of: dict[str, dict[str, None]] = {t: {} for t in self.tenants}  # each tenant's, in start order
         self.runs_on: dict[str, dict[str, None]] = {}  # the runs on each GPU type ("a+b": a gang over two)
@@ -101,6 +105,7 @@ class State:
         if job.id in self.running:
             raise ValueError(f"job {job.id!r} is running; it cannot be queued again")
         self._enqueue(job)
+        self.workload.observe(job.ask)
 
     def _enqueue(self, job: Job) -> None:
         """Into the queue, or on hold while its tenant is over budget."""
@@ -113,22 +118,28 @@ class State:
         if job.ran:
             self.ran_before[job.id] = None
 
-    def start(self, job_id: str, placement: Mapping[str, int], now: float) -> Run:
+    def start(self, job_id: str, placement: Mapping[str, int], now: float, carve: int | None = None) -> Run:
+        """The job starts on ``placement``; a share, on shared GPU ``carve`` of its one node."""
         job = self.queue.jobs.get(job_id)
         if job is None:
             raise ValueError(f"job {job_id!r} is not pending; only a pending job can start")
         if sum(placement.values()) != job.gpus:
             raise ValueError(f"job {job_id!r} needs {job.gpus} GPUs; the placement has {sum(placement.values())}")
-        self.cluster.allocate(placement)
+        if (carve is not None) != job.shares:
+            raise ValueError(f"job {job_id!r}: a shared GPU is given to a share, and only to a share; got {carve}")
+        if carve is not None:
+            self.cluster.take_share(next(iter(placement)), carve, job.gpu_milli)
+        else:
+            self.cluster.allocate(placement)
         self.queue.remove(job_id)
         self.first.pop(job_id, None)
         self.ran_before.pop(job_id, None)
-        run = self.running[job_id] = Run(job, dict(placement), now, last_checkpoint=now)
+        run = self.running[job_id] = Run(job, dict(placement), now, last_checkpoint=now, carve=carve)
         self.runs_of[job.tenant][job_id] = None
         self.runs_on.setdefault(self.cluster.type_of(placement), {})[job_id] = None
         self._index(run, add=True)
         self._hold(job.tenant, job.gpus, now)
-        self._pay(job.tenant, self.cluster.dollars_per_h(placement), now)
+        self._pay(job.tenant, self.cluster.dollars_per_h(placement, job.gpu_milli), now)
         return run
 
     def ask_to_evict(self, job_id: str, for_job: str) -> None:
@@ -164,12 +175,15 @@ class State:
     def stop(self, job_id: str, now: float) -> Run:
         """The job left its GPUs (finished, failed or evicted)."""
         run = self.running.pop(job_id)
-        self._pay(run.job.tenant, -self.cluster.dollars_per_h(run.placement), now)
+        self._pay(run.job.tenant, -self.cluster.dollars_per_h(run.placement, run.job.gpu_milli), now)
         self._index(run, add=False)
         self.leaving.discard(job_id)
         del self.runs_of[run.job.tenant][job_id]
         del self.runs_on[self.cluster.type_of(run.placement)][job_id]
-        self.cluster.release(run.placement)
+        if run.carve is not None:
+            self.cluster.give_share(next(iter(run.placement)), run.carve, run.job.gpu_milli)
+        else:
+            self.cluster.release(run.placement)
         self._hold(run.job.tenant, -run.job.gpus, now)
         return run
 
@@ -239,6 +253,9 @@ class State:
             self._enqueue(job)
 
     def _index(self, run: Run, add: bool) -> None:
+        """Shares are not indexed: they are never victims."""
+        if run.job.shares:
+            return
         runs = self._by_checkpoint.setdefault(run.job.gpus, [])
         entry = (-run.last_checkpoint, -run.started, run.id)
         if add:

@@ -23,6 +23,7 @@ from phalanx.obs.rundir import RunDir
 _QUEUED = (
     Job.seq, Job.id, Job.tenant, Job.workers, Job.gpus, Job.priority, Job.submitted_at, Job.queued_at,
     Job.preemptions, Job.preempted_by, Job.reason, Job.gpu_types, Job.prefer_gpu_types, Job.mix_gpu_types, Job.kind,
+    Job.gpu_milli,
 )  # fmt: skip
 PREDICTOR_HISTORY = 1000  # finished jobs the predictor is rebuilt from
 
@@ -60,7 +61,7 @@ class Cache:
             state.submit(self._core_job(job, ran))
             execution = s.scalar(select(Execution).where(Execution.job == job.seq, Execution.attempt == job.attempt))
             running = job.state == JobState.RUNNING and execution is not None
-            state.start(job.id, job.placement, execution.started_at if running else now)
+            state.start(job.id, job.placement, execution.started_at if running else now, job.gpu_carve)
             if running and execution.run_dir is not None:
                 committed = self.checkpoints(execution.run_dir)
                 if committed and committed[-1] > execution.started_at:
@@ -126,6 +127,7 @@ class Cache:
             prefer=tuple(job.prefer_gpu_types),
             mix_types=job.mix_gpu_types,
             kind=job.kind,
+            gpu_milli=job.gpu_milli,
         )
 
     # --- kept current

@@ -21,8 +21,8 @@ MAX_TOKEN_S = 365 * 86400  # the longest a token may live, whoever makes it (pha
 
 class Server:
     """What the routes need: the store, where jobs' files go, the cluster's GPUs of each type and what they
-    count (GPUs, or CPU slots: ``unit``), a way to wake the loop, the longest a token may live, and the GPU
-    types as described (their peaks seed the speed table)."""
+    count (GPUs, or CPU slots: ``unit``), a way to wake the loop, the longest a token may live, the GPU
+    types as described (their peaks seed the speed table), and whether its executor runs shares of a GPU."""
 
     def __init__(
         self,
@@ -33,10 +33,11 @@ class Server:
         max_token_s: float = MAX_TOKEN_S,
         unit: str = "GPUs",
         described: Mapping[str, GpuType] | None = None,
+        shares: bool = True,
     ):
         self.store, self.jobs_dir, self.types, self.wake = store, jobs_dir, types, wake
         self.capacity = sum(types.values())
-        self.max_token_s, self.unit = max_token_s, unit
+        self.max_token_s, self.unit, self.shares = max_token_s, unit, shares
         self.described = described if described is not None else {name: GpuType.named(name) for name in types}
 
     @contextlib.contextmanager

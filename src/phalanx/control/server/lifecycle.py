@@ -69,9 +69,18 @@ def gang_shape(spec: JobSpec) -> tuple[int, int]:
     return res.nodes + res.spare_nodes, res.procs_per_node
 
 
-def submit(scope: Scope, sub: Submission, jobs_dir: Path, types: dict[str, int], now: float, unit: str = "GPUs") -> Job:
+def submit(
+    scope: Scope,
+    sub: Submission,
+    jobs_dir: Path,
+    types: dict[str, int],
+    now: float,
+    unit: str = "GPUs",
+    shares: bool = True,
+) -> Job:
     """Validate and queue a job, new or going on from a job that ended (``resume_from``: its checkpoints, and
-    by default its spec and directory); ``types``: the cluster's GPUs of each type. Raises SpecError (every
+    by default its spec and directory); ``types``: the cluster's GPUs of each type; ``shares``: whether its
+    executor runs shares of a GPU (``resources.gpu_fraction``). Raises SpecError (every
     issue, with its field path), NotFound for a tenant or job the caller cannot see, Forbidden for a viewer,
     Conflict for resuming a job still going."""
     who = scope.who
@@ -92,7 +101,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, types: dict[str, int],
         spec = _resuming(spec, before)
     preflight(spec, workdir, remote_data=False)
     workers, per_worker = gang_shape(spec)
-    if issue := _fits(spec, workers * per_worker, types, unit):
+    if issue := _fits(spec, workers * per_worker, types, unit, shares):
         raise SpecError("the submitted spec", [issue])
     job_id = f"{spec.name[:20]}-{secrets.token_hex(4)}"
     if spec.checkpoint.dir is None:  # every execution of the job resumes from the same checkpoints
@@ -115,6 +124,7 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, types: dict[str, int],
         gpu_types=spec.resources.gpu_types,
         prefer_gpu_types=spec.resources.prefer_gpu_types,
         mix_gpu_types=spec.resources.mix_gpu_types,
+        gpu_milli=spec.resources.gpu_milli,
         kind=spec.job_kind,
         state=JobState.PENDING,
         reason="queued",
@@ -135,10 +145,15 @@ def submit(scope: Scope, sub: Submission, jobs_dir: Path, types: dict[str, int],
     return job
 
 
-def _fits(spec: JobSpec, gpus: int, types: dict[str, int], unit: str) -> SpecIssue | None:
-    """Why the job can never run on this cluster, if it cannot: none of the GPU types it allows, or more GPUs
-    than they hold (than the largest of them holds, for a gang that may not span types)."""
+def _fits(spec: JobSpec, gpus: int, types: dict[str, int], unit: str, shares: bool) -> SpecIssue | None:
+    """Why the job can never run on this cluster, if it cannot: a share of a GPU where the executor runs none,
+    none of the GPU types it allows, or more GPUs than they hold (than the largest of them holds, for a gang
+    that may not span types)."""
     res = spec.resources
+    if res.gpu_fraction is not None and not shares:
+        return SpecIssue(
+            "resources.gpu_fraction", "this server's executor places whole GPUs only (shares run on the local one)"
+        )
     allowed = {t: n for t, n in types.items() if not res.gpu_types or t in res.gpu_types}
     if not allowed:
         have = f"{res.gpu_types}: this cluster has none of them; its types: {sorted(types)}"

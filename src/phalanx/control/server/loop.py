@@ -180,7 +180,7 @@ class Controller:
             speeds.observe(self.cache.state.speeds, job.kind, execution.gpu_type, execution.gpus, seen.tokens,
                            seen.productive_s)  # fmt: skip
         job.steps_done = seen.steps_done if seen.steps_done is not None else job.steps_done
-        job.handle, job.placement = None, None
+        job.handle, job.placement, job.gpu_carve = None, None, None
         how = "gone"
         if status.phase is Phase.EXITED and status.outcome == "succeeded":
             move(s, job, JobState.SUCCEEDED, status.reason, now)
@@ -255,7 +255,8 @@ class Controller:
             admitted = s.scalars(select(Job).where(Job.state == JobState.ADMITTED).order_by(Job.seq)).all()
         failed = []
         for job in admitted:
-            launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, job.nodes)
+            launch = Launch(job.id, job.attempt, job.spec, job.workdir, job.placement, job.nodes, job.gpu_milli,
+                            job.gpu_carve)  # fmt: skip
             try:
                 handle, error = self.executor.start(launch), None
             except Exception as e:
@@ -279,9 +280,9 @@ class Controller:
                         job=row.seq,
                         tenant=row.tenant,
                         attempt=row.attempt,
-                        gpus=row.gpus,
+                        gpus=row.gpus * row.gpu_milli / 1000,
                         started_at=now,
-                        dollars_per_h=cluster.dollars_per_h(row.placement) if cluster else 0.0,
+                        dollars_per_h=cluster.dollars_per_h(row.placement, row.gpu_milli) if cluster else 0.0,
                         gpu_type=cluster.type_of(row.placement) if known else None,
                     )
                 )
@@ -355,8 +356,10 @@ class _Recorder:
         job = self.s.scalar(select(Job).where(Job.id == admit.job, Job.state == JobState.PENDING))
         if job is None:  # cancelled since the cache was synced
             return False
-        job.placement, job.attempt = admit.placement, job.attempt + 1
+        job.placement, job.gpu_carve, job.attempt = admit.placement, admit.carve, job.attempt + 1
         where = ", ".join(f"{node}: {gpus}" for node, gpus in admit.placement.items())
+        if admit.carve is not None:
+            where += f" ({job.gpu_milli / 1000:g} of its shared GPU {admit.carve})"
         move(
             self.s,
             job,

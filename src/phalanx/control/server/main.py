@@ -79,7 +79,9 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     for node in nodes:
         types[node.gpu_type] = types.get(node.gpu_type, 0) + node.gpus
     described = cluster_config.fleet(nodes, executor.unit, settings.priced).types
-    server = Server(store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit, described)
+    server = Server(
+        store, jobs_dir, types, controller.wake.set, settings.max_token_s, executor.unit, described, executor.shares
+    )
     return server, controller, token
 
 

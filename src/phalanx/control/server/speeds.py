@@ -12,11 +12,12 @@ from phalanx.control import scheduler as core
 from phalanx.control.store.access import speed_runs
 
 
-def observe(speeds: core.Speeds, kind: str, gpu_type: str | None, gpus: int, tokens: float | None,
+def observe(speeds: core.Speeds, kind: str, gpu_type: str | None, gpus: float, tokens: float | None,
             productive_s: float | None) -> None:  # fmt: skip
     """An ended execution's lesson: its tokens over its productive seconds and its GPUs. One that reported no
-    tokens (a script that says nothing), ran no productive second, or has no type or kind teaches nothing."""
-    if kind and gpu_type and gpus > 0 and tokens and productive_s and tokens > 0 and productive_s > 0:
+    tokens (a script that says nothing), ran no productive second, or has no type or kind teaches nothing, nor
+    does a share of a GPU (``gpus`` < 1): how fast it ran says as much of its neighbours as of the GPU."""
+    if kind and gpu_type and gpus >= 1 and tokens and productive_s and tokens > 0 and productive_s > 0:
         speeds.observe(kind, gpu_type, tokens / productive_s / gpus)
 
 

@@ -37,12 +37,12 @@ def score_for(choice: str, packing: Packing, pods: Sequence[Ask]) -> tuple[Score
     """The choice's score, and the workload it learns from (FGD's paper gives it the trace's; phalanx learns
     it from the tasks that arrived, as a server would, and breaks FGD's ties by best fit)."""
     if choice == "best-fit":
-        return BestFit(packing), Workload()
+        return BestFit.of(packing), Workload()
     if choice == "fgd":
         return Fragmentation(Workload(pods)), Workload()
     if choice == "phalanx":
         learned = Workload()
-        return Fragmentation(learned, tie_break=BestFit(packing)), learned
+        return Fragmentation(learned, tie_break=BestFit.of(packing)), learned
     raise ValueError(f"packing choice {choice!r}; one of {', '.join(CHOICES)}")
 
 

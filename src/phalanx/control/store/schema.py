@@ -110,6 +110,7 @@ class Job(Base):
     prefer_gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     mix_gpu_types: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     kind: Mapped[str] = mapped_column(String(64), default="", server_default="")  # the spec's job_kind
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")  # < 1000: a share of one
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     submitted_at: Mapped[float] = mapped_column(Float)
@@ -117,6 +118,7 @@ class Job(Base):
     ended_at: Mapped[float | None] = mapped_column(Float)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     placement: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    gpu_carve: Mapped[int | None] = mapped_column(Integer)  # a share's: its shared GPU on its node
     handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the executor's, for the current execution
     evicting_for: Mapped[str | None] = mapped_column(String(32))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -148,7 +150,7 @@ class Execution(Base):
     job: Mapped[int] = mapped_column(ForeignKey("jobs.seq"), index=True)
     tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name"), index=True)
     attempt: Mapped[int] = mapped_column(Integer)
-    gpus: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[float] = mapped_column(Float)  # a share: its fraction of one
     started_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float)
     run_dir: Mapped[str | None] = mapped_column(Text)

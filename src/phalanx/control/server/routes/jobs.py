@@ -20,7 +20,9 @@ router = _router()
 def submit_job(body: SubmitIn, server: ServerDep, token: Token) -> JobOut:
     with server.scope(token, write=True) as caller:
         submission = lifecycle.Submission(body.spec, body.priority, body.tenant, body.workdir, body.resume_from)
-        job = lifecycle.submit(caller, submission, server.jobs_dir, server.types, time.time(), server.unit)
+        job = lifecycle.submit(
+            caller, submission, server.jobs_dir, server.types, time.time(), server.unit, server.shares
+        )
         queued = _job_out(caller, job, detail=False)
     server.wake()  # after the commit: the loop must see the job
     return queued
