@@ -71,7 +71,7 @@ def jobs(
     for j in call(client.jobs, [s.upper() for s in state], tenant, owner):
         step = f"{j['steps_done']}/{j['total_steps'] or '?'}" if j["steps_done"] is not None else "-"
         table.add_row(
-            j["id"], j["tenant"], j["owner"], j["state"], str(j["priority"]), str(j["gpus"]), step,
+            j["id"], j["tenant"], j["owner"], j["state"], str(j["priority"]), f"{j['gpu_use']:g}", step,
             when(j["submitted_at"]), j["reason"],
         )  # fmt: skip
     out.print(table)
@@ -85,7 +85,7 @@ def status(job_id: str = typer.Argument(...)) -> None:
     placement = ", ".join(f"{node}: {n}" for node, n in (j["placement"] or {}).items()) or "-"
     unit = call(client.cluster)["unit"]
     fields = {**{k: j[k] for k in ("id", "name", "tenant", "owner", "state", "reason", "priority")},
-              unit.lower(): j["gpus"], "placement": placement}  # fmt: skip
+              unit.lower(): f"{j['gpu_use']:g}", "placement": placement}  # fmt: skip
     for key, value in fields.items():
         out.print(f"[bold]{key:>11}[/] {'-' if value in (None, '') else value}", highlight=False)
     step = f"{j['steps_done']} of {j['total_steps'] or '?'}" if j["steps_done"] is not None else "-"

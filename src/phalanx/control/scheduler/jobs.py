@@ -65,7 +65,7 @@ class Job:
 
     @property
     def gpus(self) -> int:
-        """GPUs it holds, as quotas count them: a share counts as one (quotas are whole GPUs)."""
+        """GPUs it is placed on: a share is on one (what it counts against a quota: ``counted``)."""
         return self.workers * self.per_worker
 
     @property
@@ -83,6 +83,16 @@ class Job:
     def ask(self) -> Ask:
         """What it asks of each node it runs on, as the packing measures it (sharing.py)."""
         return Ask(0, self.per_worker, self.gpu_milli, self.gpu_types)
+
+
+def counted(job: Job, shared_milli: int, sign: int = 1) -> tuple[int, int]:
+    """What ``job`` starting (``sign`` 1) or stopping (-1) changes in its tenant's GPUs held against its quota,
+    and its tenant's thousandths in shares after (``shared_milli``: before). A gang counts its GPUs; a tenant's
+    shares count together as the whole GPUs they fill, rounded up: two halves are one GPU, three are two."""
+    if not job.shares:
+        return sign * job.gpus, shared_milli
+    after = shared_milli + sign * job.gpu_milli
+    return -(-after // MILLI) - -(-shared_milli // MILLI), after
 
 
 @dataclass(frozen=True)

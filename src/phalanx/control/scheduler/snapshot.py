@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from phalanx.control.scheduler.cluster import Cluster
-from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Wait
+from phalanx.control.scheduler.jobs import Admit, Job, Preempt, Round, Run, Wait, counted
 from phalanx.control.scheduler.placement import Placement, place
 from phalanx.control.scheduler.state import State
 
@@ -16,7 +16,7 @@ class Snapshot:
         self.state, self.now = state, now
         self.cluster = state.cluster.copy()
         self.free = self.cluster.free_gpus
-        self.held = dict(state.held)
+        self.held, self.shared = dict(state.held), dict(state.shared)
         self.cohort_nominal = {c: sum(state.tenants[t].nominal_gpus for t in ts) for c, ts in state.cohorts.items()}
         self.cohort_held = {c: sum(self.held[t] for t in ts) for c, ts in state.cohorts.items()}
         self.leaving = set(state.leaving)
@@ -34,7 +34,9 @@ class Snapshot:
         """(borrowing, why not): within the tenant's nominal quota, or borrowing its cohort's idle quota
         within its limit, or a reason it may not start now."""
         tenant = self.state.tenants[job.tenant]
-        held, need = self.held[tenant.name], job.gpus
+        held, need = self.held[tenant.name], counted(job, self.shared[tenant.name])[0]
+        if need == 0:  # a share on GPUs its tenant's shares already count
+            return False, None
         if held + need <= tenant.nominal_gpus:
             if tenant.cohort is None or self.cohort_held[tenant.cohort] + need <= self.cohort_nominal[tenant.cohort]:
                 return False, None
@@ -152,9 +154,10 @@ class Snapshot:
             self.cluster.allocate(placement.gpus)
             self.free -= job.gpus
         self.admitted.add(job.id)
-        self.held[job.tenant] += job.gpus
+        gpus, self.shared[job.tenant] = counted(job, self.shared[job.tenant])
+        self.held[job.tenant] += gpus
         if (cohort := self.state.tenants[job.tenant].cohort) is not None:
-            self.cohort_held[cohort] += job.gpus
+            self.cohort_held[cohort] += gpus
         self.round.admit.append(Admit(job.id, placement.gpus, borrowing, placement.carve))
 
     def wait(self, job: Job, kind: str, reason: str, behind: str | None = None) -> None:

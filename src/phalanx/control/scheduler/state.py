@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import ClassVar, Protocol
 
 from phalanx.control.scheduler.cluster import Cluster
-from phalanx.control.scheduler.jobs import Job, Round, Run, Tenant
+from phalanx.control.scheduler.jobs import Job, Round, Run, Tenant, counted
 from phalanx.control.scheduler.sharing import BestFit, Fragmentation, Workload
 from phalanx.control.scheduler.speeds import Speeds
 
@@ -75,7 +75,8 @@ class State:
         self.runs_of: dict[str, dict[str, None]] = {t: {} for t in self.tenants}  # each tenant's, in start order
         self.runs_on: dict[str, dict[str, None]] = {}  # the runs on each GPU type ("a+b": a gang over two)
         self.ran_before: dict[str, None] = {}  # pending jobs that have run (LAS levels change only for these)
-        self.held: dict[str, int] = dict.fromkeys(self.tenants, 0)
+        self.held: dict[str, int] = dict.fromkeys(self.tenants, 0)  # GPUs against each quota (jobs.counted)
+        self.shared: dict[str, int] = dict.fromkeys(self.tenants, 0)  # each tenant's thousandths in shares
         self.leaving: set[str] = set()  # running jobs asked to make room
         # GPUs -> [(-last checkpoint, -start, id)], sorted: the victims' index (``cheapest``)
         self._by_checkpoint: dict[int, list[tuple[float, float, str]]] = {}
@@ -138,7 +139,8 @@ class State:
         self.runs_of[job.tenant][job_id] = None
         self.runs_on.setdefault(self.cluster.type_of(placement), {})[job_id] = None
         self._index(run, add=True)
-        self._hold(job.tenant, job.gpus, now)
+        gpus, self.shared[job.tenant] = counted(job, self.shared[job.tenant])
+        self._hold(job.tenant, gpus, now)
         self._pay(job.tenant, self.cluster.dollars_per_h(placement, job.gpu_milli), now)
         return run
 
@@ -184,7 +186,8 @@ class State:
             self.cluster.give_share(next(iter(run.placement)), run.carve, run.job.gpu_milli)
         else:
             self.cluster.release(run.placement)
-        self._hold(run.job.tenant, -run.job.gpus, now)
+        gpus, self.shared[run.job.tenant] = counted(run.job, self.shared[run.job.tenant], -1)
+        self._hold(run.job.tenant, gpus, now)
         return run
 
     def requeue(self, job_id: str, now: float, preempted: bool = True) -> Job:

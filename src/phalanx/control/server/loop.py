@@ -280,7 +280,7 @@ class Controller:
                         job=row.seq,
                         tenant=row.tenant,
                         attempt=row.attempt,
-                        gpus=row.gpus * row.gpu_milli / 1000,
+                        gpus=row.gpu_use,
                         started_at=now,
                         dollars_per_h=cluster.dollars_per_h(row.placement, row.gpu_milli) if cluster else 0.0,
                         gpu_type=cluster.type_of(row.placement) if known else None,

@@ -125,6 +125,7 @@ class JobOut(Out):
     preemptions: int
     placement: dict[str, int] | None
     gpu_milli: int = Field(default=1000, description="its share of one GPU, in thousandths; 1000: whole GPUs")
+    gpu_use: float = Field(description="GPUs it uses: a share, its fraction of one")
     gpu_carve: int | None = Field(default=None, description="a share's shared GPU on its node, while it holds one")
     steps_done: int | None = Field(default=None, description="steps done, as the job last reported")
     total_steps: int | None = None

@@ -125,15 +125,22 @@ class Scope:
         jobs: dict[str, dict[str, int]] = {t.name: {} for t in tenants}
         gpus = dict.fromkeys(jobs, 0)
         preemptions = dict.fromkeys(jobs, 0)
+        shared = dict.fromkeys(jobs, 0)  # thousandths in shares: together, the whole GPUs they fill count
+        share = Job.gpu_milli < 1000
         rows = self.session.execute(
-            select(Job.tenant, Job.state, func.count(), func.sum(Job.gpus), func.sum(Job.preemptions))
+            select(Job.tenant, Job.state, func.count(), func.sum(case((share, 0), else_=Job.gpus)),
+                   func.sum(case((share, Job.gpu_milli), else_=0)), func.sum(Job.preemptions))
             .where(Job.tenant.in_(list(jobs)))
             .group_by(Job.tenant, Job.state)
-        )
-        for tenant, state, n, held, preempted in rows:
+        )  # fmt: skip
+        for tenant, state, n, held, milli, preempted in rows:
             jobs[tenant][state] = n
-            gpus[tenant] += (held or 0) if state in ACTIVE else 0
+            if state in ACTIVE:
+                gpus[tenant] += held or 0
+                shared[tenant] += milli or 0
             preemptions[tenant] += preempted or 0
+        for tenant, milli in shared.items():
+            gpus[tenant] += -(-milli // 1000)
         return [TenantLoad(t, jobs[t.name], gpus[t.name], preemptions[t.name]) for t in tenants]
 
     def spend(self, since: float, now: float) -> dict[str, tuple[float, float]]:

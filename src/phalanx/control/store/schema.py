@@ -127,6 +127,11 @@ class Job(Base):
 
     __table_args__ = (Index("ix_jobs_tenant_state", "tenant", "state"), Index("ix_jobs_state", "state"))
 
+    @property
+    def gpu_use(self) -> float:
+        """GPUs it uses: a share, its fraction of one."""
+        return self.gpus * self.gpu_milli / 1000
+
 
 class Transition(Base):
     """A job's state change and its cause: the job's history, never rewritten."""
