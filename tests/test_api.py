@@ -261,6 +261,15 @@ def test_bad_input_gets_a_4xx_with_a_message(world: World) -> None:
         "/api/v1/jobs", headers=member, json={"spec": SPEC.replace("procs_per_node: 1", "procs_per_node: 9")}
     )
     assert too_big.status_code == 422 and "the cluster has 8" in too_big.text
+    world.app.state.server.shares = False  # an executor of whole GPUs only (Slurm's)
+    share = SPEC.replace("procs_per_node: 1", "procs_per_node: 1, gpu_fraction: 0.5")
+    try:
+        whole_only = world.http.post("/api/v1/jobs", headers=member, json={"spec": share})
+    finally:
+        world.app.state.server.shares = True
+    assert whole_only.status_code == 422, whole_only.text
+    (issue,) = whole_only.json()["detail"]
+    assert issue["loc"] == ["body", "spec", "resources", "gpu_fraction"] and "whole GPUs only" in issue["msg"], issue
     hostile = world.http.post(
         "/api/v1/jobs", headers=member, json={"spec": "a: &a [*a, *a, *a, *a, *a, *a, *a, *a]\n" * 3}
     )
