@@ -1,4 +1,5 @@
-"""``phalanx server``: the control plane, its API, scheduler and executor, in one process."""
+"""``phalanx server``: the control plane, its API, scheduler and executor, in one process; several over one
+PostgreSQL database share the API, and one of them at a time runs the scheduler (its lease)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,14 @@ def server(
     commit_s_per_gpu: float = typer.Option(
         COST.commit_s_per_gpu, "--commit-s-per-gpu", min=0, help="... plus this per GPU"
     ),
+    lease_s: float = typer.Option(
+        4.0,
+        "--lease-s",
+        min=1.0,
+        max=600.0,
+        help="servers sharing a database: the control loop's holder renews its lease within this, or another "
+        "process takes the loop over",
+    ),
 ) -> None:
     """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
     import logging
@@ -90,6 +99,7 @@ def server(
         cost=PreemptionCost(restart_s, commit_s, commit_s_per_gpu),
         gpu_types=declared,
         priced=priced,
+        lease_s=lease_s,
     )
     try:
         serve(settings)

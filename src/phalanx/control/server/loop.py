@@ -6,15 +6,19 @@ that may take a minute): each step reads what it needs in a short transaction, a
 records what happened in another, checking that the job is still where it was. Executor actions are keyed by
 (job, attempt), so whatever a crash interrupts is repaired by the next loop: an admitted job is started (or
 found started), a running job's end is noticed from what its run directory says, a stop that was asked for
-is delivered once."""
+is delivered once.
+
+Several server processes may share one database: the one holding the loop's lease runs the loop (its writes
+fenced by it: store/lease.py), and the others take it over when it lapses."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,7 @@ from phalanx.control.server.cache import Cache, Stale
 from phalanx.control.server.lifecycle import move
 from phalanx.control.server.metrics import ROUND_SECONDS
 from phalanx.control.store import Execution, Job, JobState, Store
+from phalanx.control.store.lease import Fenced, LoopLease
 from phalanx.obs.digest import digest
 from phalanx.obs.rundir import RunDir
 
@@ -46,8 +51,10 @@ class Controller:
         tick_s: float = 0.5,
         clock: Callable[[], float] = time.time,
         types: Sequence[core.GpuType] = (),
+        lease: LoopLease | None = None,
     ):
         self.store, self.executor = store, executor
+        self.lease = lease or LoopLease(store, ttl_s=4.0)
         self.types = tuple(types)  # the GPU types as the operator priced them
         self.policy = policy or core.PredictiveLas()
         self.tick_s, self.clock = tick_s, clock
@@ -59,10 +66,7 @@ class Controller:
 
     # --- lifetime
     def start(self) -> None:
-        """Adopt what runs from before (a restarted server), then loop in a thread."""
-        with self.store.read() as s:
-            for job in s.scalars(select(Job).where(Job.state == JobState.RUNNING)):
-                self.executor.adopt(job.handle)
+        """Loop in a thread: this process runs the loop while it holds the lease."""
         self._thread = threading.Thread(target=self._loop, name="phalanx-scheduler", daemon=True)
         self._thread.start()
 
@@ -78,6 +82,9 @@ class Controller:
             self.wake.clear()
             try:
                 self.tick()
+            except Fenced as e:  # another process took the loop over: what this one was about to write is void
+                log.warning("%s: following", e)
+                self.cache.state = None
             except Exception:  # one bad round must not stop scheduling; the next one retries
                 log.exception("scheduling round failed")
             took = time.monotonic() - began
@@ -86,10 +93,36 @@ class Controller:
             # quarter of the process's time, the rest is the API's.
             self._stopping.wait(max(0.0, began + max(MIN_ROUND_GAP_S, 4 * took) - time.monotonic()))
 
+    def _lead(self) -> bool:
+        """Hold the lease, or take it over if it lapsed. On taking it: adopt what runs (started by this process
+        before a restart, or by the process that held the loop before), and build the cache from the store."""
+        was = self.lease.epoch
+        if not self.lease.hold():
+            if was is not None:
+                log.warning("another process took the control loop over (this one held epoch %s): following", was)
+                self.cache.state = None
+            return False
+        if self.lease.epoch != was:
+            log.info("runs the control loop (lease epoch %s, %s)", self.lease.epoch, self.lease.holder)
+            with self.store.read() as s:
+                for job in s.scalars(select(Job).where(Job.state == JobState.RUNNING)):
+                    self.executor.adopt(job.handle)
+            self.cache.state = None
+        return True
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A transaction of the loop's, fenced by its lease."""
+        with self.store.write() as s:
+            self.lease.fence(s)
+            yield s
+
     def tick(self) -> None:
         """One round, in the simulator's order for one moment: what the API changed (submissions first), what
-        ended and what checkpointed, then the scheduling round and its actions. Whatever fails, the cache is
-        rebuilt from the store on the next tick."""
+        ended and what checkpointed, then the scheduling round and its actions; nothing while another process
+        holds the lease. Whatever fails, the cache is rebuilt from the store on the next tick."""
+        if not self._lead():
+            return
         now = self.clock()
         try:
             self._refresh(now)
@@ -136,7 +169,7 @@ class Controller:
                 news.append((job, seen))
         ends = []
         if news:
-            with self.store.write() as s:
+            with self._write() as s:
                 for before, seen in news:
                     job = s.scalar(
                         select(Job).where(
@@ -228,7 +261,7 @@ class Controller:
     def _round(self, state: core.State, now: float) -> None:
         core.enforce_budgets(state, now)
         decided = self.policy.schedule(state, now)
-        with self.store.write() as s:
+        with self._write() as s:
             core.apply(decided, state, _Recorder(s), now)
             reasons = {}
             for job in state.pending():
@@ -262,7 +295,7 @@ class Controller:
             except Exception as e:
                 handle, error = None, e
             now = self.clock()
-            with self.store.write() as s:
+            with self._write() as s:
                 row = s.scalar(
                     select(Job).where(Job.id == job.id, Job.state == JobState.ADMITTED, Job.attempt == job.attempt)
                 )
@@ -303,6 +336,9 @@ class Controller:
                 )
                 if (job.id, job.attempt) not in self._signalled
             ]
+        if stopping:
+            with self._write():  # still this process's to deliver
+                pass
         for job, run_dir in stopping:
             self._signalled.add((job.id, job.attempt))
             if _signal_received(run_dir):  # delivered before a restart of the server

@@ -19,6 +19,7 @@ from phalanx.control.server.app import create_app
 from phalanx.control.server.deps import MAX_TOKEN_S, Server
 from phalanx.control.server.loop import Controller
 from phalanx.control.store import Role, Store, User, open_store
+from phalanx.control.store.lease import LoopLease
 
 log = logging.getLogger("phalanx.server")
 
@@ -38,6 +39,7 @@ class Settings:
     cost: core.PreemptionCost = field(default_factory=core.PreemptionCost)  # on this cluster: the scheduler's budget
     gpu_types: dict[str, int] | None = None  # the local executor's slots by GPU type, declared; None: as found
     priced: tuple[core.GpuType, ...] = ()  # the GPU types as the operator described them (cluster_config.py)
+    lease_s: float = 4.0  # servers sharing a database: the control loop's lease (store/lease.py)
 
     @property
     def database_url(self) -> str:
@@ -73,7 +75,8 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
     executor = executor or make_executor(settings, jobs_dir)
     token = bootstrap(store)
     policy = core.PredictiveLas(cost=settings.cost)
-    controller = Controller(store, executor, policy, tick_s=settings.tick_s, types=settings.priced)
+    lease = LoopLease(store, settings.lease_s)
+    controller = Controller(store, executor, policy, tick_s=settings.tick_s, types=settings.priced, lease=lease)
     nodes = executor.capacity()
     types: dict[str, int] = {}
     for node in nodes:

@@ -189,6 +189,10 @@ class Cluster(BaseModel):
     capacity: int = Field(description="what the executor offers in all")
     types: dict[str, int] = Field(description="what it offers of each GPU type")
     unit: str = Field(description="what it counts: GPUs, or slots (CPU slots, on a machine without GPUs)")
+    leader: str | None = Field(
+        default=None, description="the server process that runs the control loop (host:pid:id); none: taking over"
+    )
+    lease_epoch: int | None = Field(default=None, description="its lease's epoch: one more at each takeover")
 
 
 class Quota(BaseModel):

@@ -169,3 +169,14 @@ class Execution(Base):
         """What it cost between ``since`` and ``until`` (it runs until ``until`` if it has not ended)."""
         end = min(self.ended_at, until) if self.ended_at is not None else until
         return self.dollars_per_h * max(0.0, end - max(self.started_at, since)) / 3600
+
+
+class Lease(Base):
+    """Who runs the control loop over this database (lease.py): one row, taken over when it lapses, each holder
+    with an epoch one above the last's."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128), default="", server_default="")  # host:pid:random; "": none yet
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -22,6 +22,7 @@ from phalanx.control.server.models import (
 )
 from phalanx.control.server.routes import router as _router
 from phalanx.control.store import Tenant
+from phalanx.control.store.lease import leader
 
 router = _router()
 
@@ -75,9 +76,14 @@ def _checked(tenant: TenantOut, server: Server) -> TenantOut:
 
 @router.get("/api/v1/cluster", tags=["tenants"])
 async def cluster(server: ServerDep, token: Token) -> Cluster:
-    """What the tenants' quotas share: the executor's capacity, and what it counts (GPUs, or CPU slots)."""
-    with server.scope(token):
-        return Cluster(capacity=server.capacity, types=server.types, unit=server.unit)
+    """What the tenants' quotas share: the executor's capacity, and what it counts (GPUs, or CPU slots); and
+    which server process runs the control loop."""
+    with server.scope(token) as caller:
+        held = leader(caller.session, time.time())
+        return Cluster(
+            capacity=server.capacity, types=server.types, unit=server.unit,
+            leader=held[0] if held else None, lease_epoch=held[1] if held else None,
+        )  # fmt: skip
 
 
 @router.get("/api/v1/speeds", tags=["tenants"])
