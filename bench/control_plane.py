@@ -1,7 +1,8 @@
 """Load on the control plane (bench/RESULTS.md, docs/platform.md): concurrent clients on loopback against
 `phalanx server`, on SQLite and on PostgreSQL, in the same run.
 
-    python bench/control_plane.py [--seconds 10] [--connections 32] [--out section.md]
+    python bench/control_plane.py [--seconds 10] [--connections 32] [--runs 3] [--sections load,takeover]
+                                  [--out section.md]
 
 The clients are wrk (Debian's package: `apt-get install wrk`), 2 threads and --connections connections kept
 alive: a load generator in C, so that the clients do not take the server's CPU (asyncio + httpx needed a whole
@@ -11,6 +12,10 @@ and nothing but the control plane is measured (the scheduler still goes over the
 Each phase runs --seconds: submit jobs (POST /jobs: authenticate, validate the spec, insert the job and its
 first transition, commit); read a job (GET /jobs/ID, with its progress); list jobs (GET /jobs, 20 a page).
 The peer, in the same server and run: GET /whoami, a request that authenticates and reads nothing else.
+
+The takeover (``--sections takeover``): two servers over one PostgreSQL database with the default lease
+(4 s). With the loop's holder killed (-9), a job is submitted through the other: the time from the kill to its
+admission, against the same submission's admission with the holder alive (a tick), --runs times.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _report import Report
@@ -70,18 +76,60 @@ def measure(server: PhalanxServer, seconds: float, connections: int, tmp: Path) 
     return found
 
 
+def admitted_after(client, spec: str, since: float) -> tuple[str, float]:
+    """A job submitted now through ``client``, and the seconds from ``since`` until it is admitted."""
+    job = client.submit(spec)["id"]
+    deadline = time.monotonic() + 60
+    while client.job(job)["state"] == "PENDING":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job} was not admitted in 60 s")
+        time.sleep(0.01)
+    return job, time.monotonic() - since
+
+
+def takeover(postgres: Postgres, tmp: Path) -> tuple[float, float]:
+    """(kill to the next admission, a submission's admission with the holder alive), in seconds."""
+    spec = SPEC.replace("pass", "'import time; time.sleep(60)'")
+    database, args = postgres.database(), ("--data-dir", str(tmp / "a" / "data"))
+    for folder in ("a", "b"):
+        (tmp / folder).mkdir()
+    holder = PhalanxServer(tmp / "a", slots=4, database=database, args=args)
+    shutil.copy(tmp / "a" / "admin.token", tmp / "b" / "admin.token")  # a database with users: none is made
+    other = PhalanxServer(tmp / "b", slots=4, database=database, args=args)
+    try:
+        client = other.member("load", 4, "loader")
+        first, alive = admitted_after(client, spec, time.monotonic())
+        holder.kill9()
+        second, taken = admitted_after(client, spec, time.monotonic())
+        for job in (first, second):  # their supervisors outlive the servers: stopped through the new holder
+            client.cancel(job)
+        deadline = time.monotonic() + 60
+        while any(client.job(job)["state"] != "CANCELLED" for job in (first, second)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the jobs were not cancelled in 60 s")
+            time.sleep(0.1)
+        return taken, alive
+    finally:
+        for server in (holder, other):
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3, help="takeovers measured")
+    parser.add_argument("--sections", default="load,takeover", help="load (wrk), takeover (two servers)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
+    sections = set(args.sections.split(","))
+    if "load" in sections and shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install wrk (the load generator)")
     results: dict[str, dict[str, dict[str, float]]] = {}
+    takeovers: list[tuple[float, float]] = []
     postgres = Postgres()
     try:
-        for name, database in (("SQLite", None), ("PostgreSQL", postgres.database())):
+        for name, database in (("SQLite", None), ("PostgreSQL", postgres.database())) if "load" in sections else ():
             with tempfile.TemporaryDirectory() as tmp:
                 server = PhalanxServer(Path(tmp), slots=1, database=database)
                 try:
@@ -89,6 +137,10 @@ def main() -> None:
                 finally:
                     server.stop()
             print(f"{name}: done", file=sys.stderr, flush=True)
+        for _ in range(args.runs if "takeover" in sections else 0):
+            with tempfile.TemporaryDirectory() as tmp:
+                takeovers.append(takeover(postgres, Path(tmp)))
+            print(f"takeover: {takeovers[-1][0]:.2f} s", file=sys.stderr, flush=True)
     finally:
         postgres.stop()
 
@@ -98,14 +150,17 @@ def main() -> None:
         f"`phalanx server` (one process: uvicorn, the API and the scheduling loop) on loopback, driven by wrk "
         f"(2 threads, {args.connections} connections) on the same 2 cores; each phase {args.seconds:g} s, after "
         "3 s of submits to warm up. SQLite in WAL mode on the local disk; PostgreSQL 15 from Debian on loopback. "
-        "The jobs stay queued (their tenant's quota is 0), so each scheduling round reads the whole queue.",
+        "The jobs stay queued (their tenant's quota is 0), so each scheduling round reads the whole queue. "
+        f"The takeover: two servers over one PostgreSQL database, the default lease (4 s), {args.runs} runs: the "
+        "loop's holder killed (-9), then a job submitted through the other server, timed to its admission.",
     )
-    rows = [
-        [name, phase, f"{found[phase]['per_s']:,.0f}", f"{found[phase]['p50']:.1f}", f"{found[phase]['p99']:.1f}"]
-        for name, found in results.items()
-        for phase in PHASES
-    ]
-    report.table(["database", "request", "requests/s", "p50 ms", "p99 ms"], rows)
+    if results:
+        rows = [
+            [name, phase, f"{found[phase]['per_s']:,.0f}", f"{found[phase]['p50']:.1f}", f"{found[phase]['p99']:.1f}"]
+            for name, found in results.items()
+            for phase in PHASES
+        ]
+        report.table(["database", "request", "requests/s", "p50 ms", "p99 ms"], rows)
     for name, found in results.items():
         report.ratio(f"{name}: submits/s", found["submit"]["per_s"], ">= 500", unit="/s")
         report.ratio(f"{name}: p99 of GET /jobs/ID, ms", found["get"]["p99"], "<= 50", unit=" ms")
@@ -113,6 +168,9 @@ def main() -> None:
         report.ratio(f"{name}: submits/s / whoami/s (an authenticated no-op)", found["submit"]["per_s"]
                      / found["whoami"]["per_s"])  # fmt: skip
         report.note(f"{name}: {found['queued']['jobs']:,.0f} jobs queued by the end of the submit phases.")
+    if takeovers:
+        report.ratio("the holder killed: kill to the next admission, s", [t for t, _ in takeovers], "<= 5", unit=" s")
+        report.ratio("the same / a submission's admission with the holder alive", [t / a for t, a in takeovers])
     report.finish(args.out)
 
 
