@@ -45,7 +45,7 @@ def test_a_holder_that_lost_the_lease_cannot_write(postgres) -> None:
 
 def _spec(name: str, marks: Path) -> str:
     """A short job that notes each start of it: a job started twice leaves two lines."""
-    script = f"open({str(marks / name)!r}, 'a').write('started\\n'); import time; time.sleep(1)"
+    script = f"open({str(marks / name)!r}, 'a').write('started\\n'); import time; time.sleep(0.2)"
     return f"name: {name}\nresources: {{device: cpu}}\ncommand: [{sys.executable}, -c, {script!r}]\n"
 
 
