@@ -58,6 +58,9 @@ def server(
     commit_s_per_gpu: float = typer.Option(
         COST.commit_s_per_gpu, "--commit-s-per-gpu", min=0, help="... plus this per GPU"
     ),
+    workers: int = typer.Option(
+        1, "--workers", min=1, max=64, help="processes serving the API over the same database (PostgreSQL: --db)"
+    ),
     lease_s: float = typer.Option(
         4.0,
         "--lease-s",
@@ -68,14 +71,12 @@ def server(
     ),
 ) -> None:
     """Serve the control plane: the REST API, the scheduler, and an executor (docs/platform.md)."""
-    import logging
-
     from phalanx.control.executors.slurm import SlurmError
     from phalanx.control.server import cluster_config as config
-    from phalanx.control.server.main import Settings, serve
+    from phalanx.control.server.main import Settings, log_to_stderr, serve
     from phalanx.control.store import StoreError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stderr()
     try:
         declared = _gpu_types(gpu_types) if gpu_types is not None else None
     except ValueError as e:
@@ -100,6 +101,7 @@ def server(
         gpu_types=declared,
         priced=priced,
         lease_s=lease_s,
+        workers=workers,
     )
     try:
         serve(settings)

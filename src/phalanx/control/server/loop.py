@@ -78,19 +78,19 @@ class Controller:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            began = time.monotonic()
+            began, cpu = time.monotonic(), time.thread_time()
             self.wake.clear()
             try:
                 self.tick()
             except Fenced as e:  # another process took the loop over: what this one was about to write is void
-                log.warning("%s: following", e)
+                log.warning("another process took the control loop over (%s): following", e)
                 self.cache.state = None
             except Exception:  # one bad round must not stop scheduling; the next one retries
                 log.exception("scheduling round failed")
-            took = time.monotonic() - began
+            took = time.thread_time() - cpu  # the loop's CPU: not its waits on the store or the executor, nor a freeze
             self.wake.wait(self.tick_s)
             # A burst of submissions makes one round, not one each; and rounds over a long queue take at most a
-            # quarter of the process's time, the rest is the API's.
+            # quarter of the process's CPU time, the rest is the API's.
             self._stopping.wait(max(0.0, began + max(MIN_ROUND_GAP_S, 4 * took) - time.monotonic()))
 
     def _lead(self) -> bool:

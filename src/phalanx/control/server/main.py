@@ -3,13 +3,17 @@ over the executor's cluster, and serve the API."""
 
 from __future__ import annotations
 
+import atexit
+import base64
 import gc
 import logging
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastapi import FastAPI
 from sqlalchemy import select
 
 from phalanx.control import scheduler as core
@@ -22,6 +26,7 @@ from phalanx.control.store import Role, Store, User, open_store
 from phalanx.control.store.lease import LoopLease
 
 log = logging.getLogger("phalanx.server")
+SETTINGS_ENV = "PHALANX_SERVER_SETTINGS"  # a --workers process's settings, from the process that started it
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Settings:
     gpu_types: dict[str, int] | None = None  # the local executor's slots by GPU type, declared; None: as found
     priced: tuple[core.GpuType, ...] = ()  # the GPU types as the operator described them (cluster_config.py)
     lease_s: float = 4.0  # servers sharing a database: the control loop's lease (store/lease.py)
+    workers: int = 1  # processes serving the API over the database, each a contender for the lease
 
     @property
     def database_url(self) -> str:
@@ -89,9 +95,54 @@ def build(settings: Settings, executor: Executor | None = None) -> tuple[Server,
 
 
 def serve(settings: Settings) -> None:
+    """Serve in this process, or in ``settings.workers`` processes over the same database, each serving the API
+    and contending for the control loop's lease (uvicorn's workers, on one socket)."""
     import uvicorn
 
+    if settings.workers > 1:
+        if not settings.database_url.startswith("postgresql"):
+            raise ValueError(
+                f"--workers {settings.workers}: several processes need PostgreSQL (--db postgresql+psycopg://...); "
+                "SQLite takes one writer process"
+            )
+        store = open_store(settings.database_url)  # migrated once, before the workers open it
+        token = bootstrap(store)
+        store.engine.dispose()
+        _welcome(settings, token)
+        os.environ[SETTINGS_ENV] = base64.b64encode(pickle.dumps(settings)).decode()
+        uvicorn.run(f"{__name__}:worker_app", factory=True, workers=settings.workers, host=settings.host,
+                    port=settings.port, log_level="info")  # fmt: skip
+        return
     server, controller, token = build(settings)
+    _welcome(settings, token)
+    controller.start()
+    # Everything imported so far (hundreds of thousands of objects) lives as long as the server:
+    # out of the garbage collector's sight, a full collection no longer stalls requests for a tenth of a second.
+    gc.freeze()
+    try:
+        uvicorn.run(create_app(server), host=settings.host, port=settings.port, log_level="info")
+    finally:
+        controller.stop()
+
+
+def log_to_stderr() -> None:
+    """The server's log lines (jobs' transitions, the loop's lease), with uvicorn's."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def worker_app() -> FastAPI:
+    """One of ``--workers`` processes, made by uvicorn in each: the API, and a contender for the loop's lease."""
+    log_to_stderr()  # a process of its own: uvicorn starts it afresh
+    settings = pickle.loads(base64.b64decode(os.environ[SETTINGS_ENV]))  # written by serve(), this server's parent
+    server, controller, _ = build(settings)
+    controller.start()
+    atexit.register(controller.stop)
+    return create_app(server)
+
+
+def _welcome(settings: Settings, token: str | None) -> None:
+    """The admin's token on a new database (once), and the next step, after the migrations' lines and before
+    the web server's, so that it is not buried in them."""
     url = f"http://{settings.host}:{settings.port}"
     login = f"phalanx login {url} --token "
     if token is not None and settings.admin_token_file is not None:
@@ -106,13 +157,4 @@ def serve(settings: Settings) -> None:
     else:
         login += "<your token>"
         said = "the database has users: log in with your token"
-    # after the migrations' lines and before the web server's, so that it is not buried in them
     print(f"\n{said}\n\nnext:      {login}\ndashboard: {url}/ui/\n", flush=True)
-    controller.start()
-    # Everything imported so far (hundreds of thousands of objects) lives as long as the server:
-    # out of the garbage collector's sight, a full collection no longer stalls requests for a tenth of a second.
-    gc.freeze()
-    try:
-        uvicorn.run(create_app(server), host=settings.host, port=settings.port, log_level="info")
-    finally:
-        controller.stop()

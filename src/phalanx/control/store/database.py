@@ -38,7 +38,7 @@ def connect(url: str) -> Engine:
         return engine
     if parsed.get_backend_name() == "postgresql":  # as many connections as the API has threads, and the loop
         # No wait is unbounded: a lock waited for 10 s fails the statement, and a session left in a transaction
-        # for 30 s (its process frozen, say, holding the loop's lease row) is ended by the server, its locks freed.
+        # for 30 s (its process frozen, say) is ended by the server, its locks freed (the loop's: lease.py).
         bounds = "-c lock_timeout=10s -c idle_in_transaction_session_timeout=30s"
         return create_engine(parsed, pool_size=20, max_overflow=30, pool_recycle=3600, connect_args={"options": bounds})
     raise StoreError(f"database URL {url!r}: only sqlite:// and postgresql:// databases are supported")

@@ -5,9 +5,11 @@ holder died, froze or lost the database), another process takes it over with the
 Every write the loop makes first renews the lease in the same transaction (``fence``): an update that matches
 only while this process holds the lease at its epoch. So the writes of a holder that froze and woke after a
 takeover are refused (``Fenced``), and on PostgreSQL a takeover waits, on the row's lock, for the holder's
-transaction in flight. Executor actions are keyed by (job, attempt), so one that an old holder repeats after a
-takeover finds the execution already started. Expiry is read on each process's clock: the servers' clocks must
-agree to well within the lease (NTP does)."""
+transaction in flight: a holder frozen in the middle of one holds the row's lock, so PostgreSQL ends the
+session of a loop's transaction left idle for ``IDLE_S`` (``_bounded``), and the takeover goes on. Executor
+actions are keyed by (job, attempt), so one that an old holder repeats after a takeover finds the execution
+already started. Expiry is read on each process's clock: the servers' clocks must agree to well within the
+lease (NTP does)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import socket
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from phalanx.control.store.database import Store
 from phalanx.control.store.schema import Lease
 
 LOOP = "control-loop"
+IDLE_S = 3  # a loop's transaction idle this long is ended by PostgreSQL: its process froze, or lost its way
+LOCK_WAIT_S = 2  # a lease transaction waits this long at most for the row's lock, then tries at the next tick
 
 
 class Fenced(Exception):
@@ -46,6 +50,7 @@ class LoopLease:
     def hold(self) -> bool:
         """Renew the lease if this process holds it, else take it over if it lapsed. True: held (``epoch``)."""
         with self.store.write() as s:
+            _bounded(s)
             if self.epoch is not None and self._renew(s):
                 return True
             self.epoch = None
@@ -60,10 +65,12 @@ class LoopLease:
         return self.epoch is not None
 
     def fence(self, s: Session) -> None:
-        """In a transaction of the loop's: renew the lease, or raise Fenced if this process no longer holds it."""
+        """In a transaction of the loop's, first: renew the lease, or raise Fenced if this process no longer holds
+        it."""
+        _bounded(s)
         if self.epoch is None or not self._renew(s):
             held, self.epoch = self.epoch, None
-            raise Fenced(f"the control loop's lease (epoch {held}) is no longer this process's ({self.holder})")
+            raise Fenced(f"its write refused: the lease of epoch {held} is no longer this process's, {self.holder}")
 
     def _renew(self, s: Session) -> bool:
         """Still this process's at its epoch (lapsed, but taken over by nobody, it still is): renewed."""
@@ -73,6 +80,13 @@ class LoopLease:
             .values(expires_at=self.clock() + self.ttl_s)
         )
         return renewed.rowcount == 1
+
+
+def _bounded(s: Session) -> None:
+    """On PostgreSQL, this transaction's waits bounded: for a lock, and idle between its statements."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'"))
+        s.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = '{IDLE_S}s'"))
 
 
 def leader(s: Session, now: float) -> tuple[str, int] | None:
