@@ -129,9 +129,11 @@ def main() -> None:
     takeovers: list[tuple[float, float]] = []
     postgres = Postgres()
     try:
-        for name, database in (("SQLite", None), ("PostgreSQL", postgres.database())) if "load" in sections else ():
+        configs = [("SQLite", None, 1)] + [(f"PostgreSQL x{n}", "postgres", n) for n in (1, 2, 4)]
+        for name, database, workers in configs if "load" in sections else ():
+            database = postgres.database() if database else None  # a fresh one each
             with tempfile.TemporaryDirectory() as tmp:
-                server = PhalanxServer(Path(tmp), slots=1, database=database)
+                server = PhalanxServer(Path(tmp), slots=1, database=database, args=("--workers", str(workers)))
                 try:
                     results[name] = measure(server, args.seconds, args.connections, Path(tmp))
                 finally:
@@ -147,7 +149,8 @@ def main() -> None:
     report = Report(
         "Control plane",
         "python bench/control_plane.py",
-        f"`phalanx server` (one process: uvicorn, the API and the scheduling loop) on loopback, driven by wrk "
+        f"`phalanx server` (one process: uvicorn, the API and the scheduling loop; xN: `--workers N`, N such "
+        "processes on one port, one of them running the loop) on loopback, driven by wrk "
         f"(2 threads, {args.connections} connections) on the same 2 cores; each phase {args.seconds:g} s, after "
         "3 s of submits to warm up. SQLite in WAL mode on the local disk; PostgreSQL 15 from Debian on loopback. "
         "The jobs stay queued (their tenant's quota is 0), so each scheduling round reads the whole queue. "
@@ -161,6 +164,13 @@ def main() -> None:
             for phase in PHASES
         ]
         report.table(["database", "request", "requests/s", "p50 ms", "p99 ms"], rows)
+    if "PostgreSQL x1" in results:
+        one = results["PostgreSQL x1"]["submit"]["per_s"]
+        two = results["PostgreSQL x2"]
+        report.ratio("PostgreSQL x2: submits/s (3x stop 52's 89/s)", two["submit"]["per_s"], ">= 267", unit="/s")
+        report.ratio("PostgreSQL x2: p99 of a submit, ms", two["submit"]["p99"], "<= 100", unit=" ms")
+        for n in (2, 4):
+            report.ratio(f"PostgreSQL: submits/s, x{n} / x1", results[f"PostgreSQL x{n}"]["submit"]["per_s"] / one)
     for name, found in results.items():
         report.ratio(f"{name}: submits/s", found["submit"]["per_s"], ">= 500", unit="/s")
         report.ratio(f"{name}: p99 of GET /jobs/ID, ms", found["get"]["p99"], "<= 50", unit=" ms")
