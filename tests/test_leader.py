@@ -23,7 +23,8 @@ from test_platform import cli, wait_for
 
 def test_a_holder_that_lost_the_lease_cannot_write(postgres) -> None:
     """Two holders on a fake clock: the first holds and renews; once its lease lapses the second takes it at the
-    next epoch, and the first's next transaction is refused whole, its write rolled back; then it follows."""
+    next epoch, and the first's next transaction is refused whole, its write rolled back; then it follows. A
+    holder that gives the lease up (stopping) lets the other take it at once."""
     store = open_store(postgres.database())
     now = [1000.0]
     first, second = (LoopLease(store, 5.0, f"p{i}", clock=lambda: now[0]) for i in (1, 2))
@@ -41,6 +42,8 @@ def test_a_holder_that_lost_the_lease_cannot_write(postgres) -> None:
     assert first.epoch is None and not first.hold()
     with store.write() as s:
         second.fence(s)  # the holder's transactions go on, each renewing it
+    second.release()  # a server stopping: the lease is another's to take at once
+    assert first.hold() and first.epoch == 3
     store.engine.dispose()
 
 

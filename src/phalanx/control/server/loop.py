@@ -71,10 +71,12 @@ class Controller:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop looping, and give the lease up for another process (or this server started again) to take."""
         self._stopping.set()
         self.wake.set()
         if self._thread is not None:
             self._thread.join()
+        self.lease.release()
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

@@ -72,6 +72,20 @@ class LoopLease:
             held, self.epoch = self.epoch, None
             raise Fenced(f"its write refused: the lease of epoch {held} is no longer this process's, {self.holder}")
 
+    def release(self) -> None:
+        """Give the lease up (a server stopping): another process takes the loop over at once, not when it
+        would have lapsed."""
+        if self.epoch is None:
+            return
+        with self.store.write() as s:
+            _bounded(s)
+            s.execute(
+                update(Lease)
+                .where(Lease.name == LOOP, Lease.holder == self.holder, Lease.epoch == self.epoch)
+                .values(expires_at=0.0)
+            )
+        self.epoch = None
+
     def _renew(self, s: Session) -> bool:
         """Still this process's at its epoch (lapsed, but taken over by nobody, it still is): renewed."""
         renewed = s.execute(
