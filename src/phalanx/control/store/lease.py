@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Update, select, text, update
 from sqlalchemy.orm import Session
 
 from phalanx.control.store.database import Store
@@ -79,21 +79,16 @@ class LoopLease:
             return
         with self.store.write() as s:
             _bounded(s)
-            s.execute(
-                update(Lease)
-                .where(Lease.name == LOOP, Lease.holder == self.holder, Lease.epoch == self.epoch)
-                .values(expires_at=0.0)
-            )
+            s.execute(self._mine().values(expires_at=0.0))
         self.epoch = None
 
     def _renew(self, s: Session) -> bool:
         """Still this process's at its epoch (lapsed, but taken over by nobody, it still is): renewed."""
-        renewed = s.execute(
-            update(Lease)
-            .where(Lease.name == LOOP, Lease.holder == self.holder, Lease.epoch == self.epoch)
-            .values(expires_at=self.clock() + self.ttl_s)
-        )
-        return renewed.rowcount == 1
+        return s.execute(self._mine().values(expires_at=self.clock() + self.ttl_s)).rowcount == 1
+
+    def _mine(self) -> Update:
+        """An update of the lease row that matches only while this process holds it at its epoch."""
+        return update(Lease).where(Lease.name == LOOP, Lease.holder == self.holder, Lease.epoch == self.epoch)
 
 
 def _bounded(s: Session) -> None:
