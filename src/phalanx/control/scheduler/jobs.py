@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phalanx.control.scheduler.sharing import MILLI, Ask
+from phalanx.control.scheduler.sharing import MILLI, Ask, gpus_filled
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def counted(job: Job, shared_milli: int, sign: int = 1) -> tuple[int, int]:
     if not job.shares:
         return sign * job.gpus, shared_milli
     after = shared_milli + sign * job.gpu_milli
-    return -(-after // MILLI) - -(-shared_milli // MILLI), after
+    return gpus_filled(after) - gpus_filled(shared_milli), after
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ MILLI = 1000  # a whole GPU, in thousandths
 MEMO_ROOMS = 100_000  # kinds of room whose fragmentation is kept
 
 
+def gpus_filled(milli: int) -> int:
+    """The whole GPUs that ``milli`` thousandths of shares fill, rounded up: what a tenant's shares count as
+    against its quota (jobs.counted), wherever they lie."""
+    return -(-milli // MILLI)
+
+
 @dataclass(frozen=True)
 class Ask:
     """What one task asks of one node: CPUs in thousandths, ``gpus`` GPUs of ``gpu_milli`` thousandths each

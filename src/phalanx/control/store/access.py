@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import Row, Select, case, func, select
 from sqlalchemy.orm import Session
 
+from phalanx.control.scheduler.sharing import MILLI, gpus_filled
 from phalanx.control.store.schema import (
     ACTIVE,
     Base,
@@ -126,7 +127,7 @@ class Scope:
         gpus = dict.fromkeys(jobs, 0)
         preemptions = dict.fromkeys(jobs, 0)
         shared = dict.fromkeys(jobs, 0)  # thousandths in shares: together, the whole GPUs they fill count
-        share = Job.gpu_milli < 1000
+        share = Job.gpu_milli < MILLI
         rows = self.session.execute(
             select(Job.tenant, Job.state, func.count(), func.sum(case((share, 0), else_=Job.gpus)),
                    func.sum(case((share, Job.gpu_milli), else_=0)), func.sum(Job.preemptions))
@@ -140,7 +141,7 @@ class Scope:
                 shared[tenant] += milli or 0
             preemptions[tenant] += preempted or 0
         for tenant, milli in shared.items():
-            gpus[tenant] += -(-milli // 1000)
+            gpus[tenant] += gpus_filled(milli)  # the scheduler's rule
         return [TenantLoad(t, jobs[t.name], gpus[t.name], preemptions[t.name]) for t in tenants]
 
     def spend(self, since: float, now: float) -> dict[str, tuple[float, float]]:
