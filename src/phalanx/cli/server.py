@@ -62,7 +62,7 @@ def server(
         1, "--workers", min=1, max=64, help="processes serving the API over the same database (PostgreSQL: --db)"
     ),
     lease_s: float = typer.Option(
-        4.0,
+        4.0,  # store.lease.LEASE_S, not imported: every command would load SQLAlchemy to start
         "--lease-s",
         min=1.0,
         max=600.0,

@@ -33,7 +33,7 @@ from phalanx.control.server.cache import Cache, Stale
 from phalanx.control.server.lifecycle import move
 from phalanx.control.server.metrics import ROUND_SECONDS
 from phalanx.control.store import Execution, Job, JobState, Store
-from phalanx.control.store.lease import Fenced, LoopLease
+from phalanx.control.store.lease import LEASE_S, Fenced, LoopLease
 from phalanx.obs.digest import digest
 from phalanx.obs.rundir import RunDir
 
@@ -54,7 +54,7 @@ class Controller:
         lease: LoopLease | None = None,
     ):
         self.store, self.executor = store, executor
-        self.lease = lease or LoopLease(store, ttl_s=4.0)
+        self.lease = lease or LoopLease(store, LEASE_S)
         self.types = tuple(types)  # the GPU types as the operator priced them
         self.policy = policy or core.PredictiveLas()
         self.tick_s, self.clock = tick_s, clock
@@ -85,8 +85,7 @@ class Controller:
             try:
                 self.tick()
             except Fenced as e:  # another process took the loop over: what this one was about to write is void
-                log.warning("another process took the control loop over (%s): following", e)
-                self.cache.state = None
+                self._follow(str(e))
             except Exception:  # one bad round must not stop scheduling; the next one retries
                 log.exception("scheduling round failed")
             took = time.thread_time() - cpu  # the loop's CPU: not its waits on the store or the executor, nor a freeze
@@ -101,8 +100,7 @@ class Controller:
         was = self.lease.epoch
         if not self.lease.hold():
             if was is not None:
-                log.warning("another process took the control loop over (this one held epoch %s): following", was)
-                self.cache.state = None
+                self._follow(f"this one held epoch {was}")
             return False
         if self.lease.epoch != was:
             log.info("runs the control loop (lease epoch %s, %s)", self.lease.epoch, self.lease.holder)
@@ -111,6 +109,11 @@ class Controller:
                     self.executor.adopt(job.handle)
             self.cache.state = None
         return True
+
+    def _follow(self, why: str) -> None:
+        """Step down: another process runs the loop; this one's cache is no longer the truth."""
+        log.warning("another process took the control loop over (%s): following", why)
+        self.cache.state = None
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Session]:

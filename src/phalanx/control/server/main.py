@@ -23,7 +23,7 @@ from phalanx.control.server.app import create_app
 from phalanx.control.server.deps import MAX_TOKEN_S, Server
 from phalanx.control.server.loop import Controller
 from phalanx.control.store import Role, Store, User, open_store
-from phalanx.control.store.lease import LoopLease
+from phalanx.control.store.lease import LEASE_S, LoopLease
 
 log = logging.getLogger("phalanx.server")
 SETTINGS_ENV = "PHALANX_SERVER_SETTINGS"  # a --workers process's settings, from the process that started it
@@ -44,7 +44,7 @@ class Settings:
     cost: core.PreemptionCost = field(default_factory=core.PreemptionCost)  # on this cluster: the scheduler's budget
     gpu_types: dict[str, int] | None = None  # the local executor's slots by GPU type, declared; None: as found
     priced: tuple[core.GpuType, ...] = ()  # the GPU types as the operator described them (cluster_config.py)
-    lease_s: float = 4.0  # servers sharing a database: the control loop's lease (store/lease.py)
+    lease_s: float = LEASE_S  # servers sharing a database: the control loop's lease (store/lease.py)
     workers: int = 1  # processes serving the API over the database, each a contender for the lease
 
     @property

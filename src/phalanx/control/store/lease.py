@@ -26,6 +26,7 @@ from phalanx.control.store.database import Store
 from phalanx.control.store.schema import Lease
 
 LOOP = "control-loop"
+LEASE_S = 4.0  # by default (phalanx server --lease-s): a takeover within 5 s of a holder's death
 IDLE_S = 3  # a loop's transaction idle this long is ended by PostgreSQL: its process froze, or lost its way
 LOCK_WAIT_S = 2  # a lease transaction waits this long at most for the row's lock, then tries at the next tick
 
