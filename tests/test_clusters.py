@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, Job, alive, unavailable, wait_gone
 from phalanx.checkpoint import CheckpointDir
 from phalanx.control.executors import Phase
-from phalanx.control.executors.slurm import SlurmExecutor, job_info, render
+from phalanx.control.executors.slurm import SlurmExecutor, _record, job_info, render, submit
 from phalanx.obs import read_jsonl
 from phalanx.spec import parse_spec
 from servers import PhalanxServer, SlurmCluster
@@ -400,6 +400,24 @@ def test_a_deepspeed_job_on_slurm_trains_as_with_local_nodes(slurm: SlurmCluster
     assert _losses(run) == expected and sorted(expected) == list(range(12))
     kept = parse_spec((run / "spec.yaml").read_text()).checkpoint.dir  # the submission's, which a requeue keeps
     assert CheckpointDir(kept).manifest(12)["framework"] == "deepspeed"
+
+
+def test_a_job_submitted_twice_at_once_runs_once(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A server frozen between its sbatch and recording the Slurm job id, woken after another server submitted
+    the same execution again: its submission's batch script, not the one recorded, ends unrun, and the woken
+    server is handed the recorded one (and cancels its own)."""
+    marks = tmp_path / "marks"
+    script = f"open({str(marks)!r}, 'a').write('started\\n')"
+    text = f"name: once\nresources: {{device: cpu}}\ncommand: [{sys.executable}, -c, {script!r}]\n"
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("SLURM_CONF", str(slurm.conf))
+        recorded = submit(text, tmp_path / "job", tmp_path).job_id
+        late = slurm.run("sbatch", "--parsable", str(tmp_path / "job" / "job.sbatch")).strip()  # the frozen one's
+        for job_id in (late, recorded):
+            _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"})
+        assert _record(tmp_path / "job", late) == recorded  # woken, it records its own: handed the other
+    assert _info(slurm, recorded).state == "COMPLETED" and marks.read_text() == "started\n"
+    assert "is not the submission recorded" in (tmp_path / "job" / f"slurm-{late}.out").read_text()
 
 
 @pytest.mark.parametrize("backend", ["local", "local-nodes", "slurm"])

@@ -3,6 +3,12 @@ slots), and each execution is a ``phalanx run`` supervisor started in its own se
 server: a restarted server finds it again by the pid it wrote, checked against the process's start time (a
 reused pid is not mistaken for it).
 
+An execution's directory is claimed whole: its starter fills a draft beside it, and the child, once it wrote its
+own pid there, renames the draft into place before it becomes the supervisor. Of two starts of one (job,
+attempt) (a server frozen in the middle of one, and the server that took the control loop over), the first
+rename wins and the other's child exits; a starter that died before its child claimed leaves a draft and no
+execution, and the next start begins at once.
+
     <root>/<job id>/attempt-<n>/job.yaml         the resolved spec
                                /pid              the supervisor's pid, written by the process itself
                                /devices.json     the GPU indices it holds (a share: and its shared GPU's id)
@@ -18,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,9 +33,13 @@ from phalanx.control.scheduler import ANY_TYPE, Node
 from phalanx.obs.rundir import newest_run
 
 PID_WAIT_S = 10.0
-# The child writes its own pid before it becomes the supervisor: a server that dies right after the fork
-# still finds the execution.
-_RECORD_PID = 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1" && shift && exec "$@"'
+LOST_CLAIM = 75  # the exit code of a child whose draft another start's claim beat
+# The child ($1: the draft, $2: the execution's directory) writes its own pid, then claims the directory by
+# renaming the draft into place (refused if another claimed it: rename(2) never replaces a directory that has
+# files), then becomes the supervisor. A server that dies right after the fork still finds the execution.
+_CLAIM = (
+    f'echo $$ > "$1/pid" && mv -T "$1" "$2" 2>/dev/null || {{ rm -rf "$1"; exit {LOST_CLAIM}; }}; shift 2; exec "$@"'
+)
 
 
 class LocalExecutor:
@@ -71,12 +82,15 @@ class LocalExecutor:
 
     def start(self, launch: Launch) -> Handle:
         where = self.root / launch.job_id / f"attempt-{launch.attempt}"
-        if where.exists():  # started before a crash: the same execution, never a second one
+        if where.exists():  # started before (by this server before a crash, or by another): never a second one
             return self._handle(where)
-        where.mkdir(parents=True)
-        (where / "job.yaml").write_text(launch.spec)
-        env = dict(os.environ)
-        gpus = sum(launch.placement.values())
+        return self._claim(where, self._draft(where, launch), launch)
+
+    def _draft(self, where: Path, launch: Launch) -> Path:
+        """The execution's directory, filled beside where it goes: its spec, and the GPUs it is to hold."""
+        where.parent.mkdir(parents=True, exist_ok=True)
+        draft = Path(tempfile.mkdtemp(prefix=f"{where.name}.starting-", dir=where.parent))
+        (draft / "job.yaml").write_text(launch.spec)
         if self.gpus:
             name = next(iter(launch.placement))  # one node: all its devices are of one type
             shared = (name, launch.carve) if launch.carve is not None else None
@@ -85,18 +99,23 @@ class LocalExecutor:
                 devices = neighbours[0]
             else:
                 held = {d for devices in self._devices.values() for d in devices}
-                devices = [d for d in self.nodes[name][1] if d not in held][:gpus]
-            self._devices[str(where)] = devices
-            if shared is not None:
-                self._shared[str(where)] = shared
-            (where / "devices.json").write_text(json.dumps({"devices": devices, "shared": shared}))
+                devices = [d for d in self.nodes[name][1] if d not in held][: sum(launch.placement.values())]
+            (draft / "devices.json").write_text(json.dumps({"devices": devices, "shared": shared}))
+        return draft
+
+    def _claim(self, where: Path, draft: Path, launch: Launch) -> Handle:
+        """Start the child that claims ``where`` with ``draft``, then becomes the supervisor; the handle of
+        whichever start claimed it, and the GPUs that one holds, counted here."""
+        env = dict(os.environ)
+        if self.gpus:
+            devices = json.loads((draft / "devices.json").read_text())["devices"]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         argv = [sys.executable, "-m", "phalanx", "run", str(where / "job.yaml"), "--runs-dir", str(where / "runs")]
         if launch.nodes > 1:
             argv.append("--local-nodes")
-        with open(where / "supervisor.log", "ab") as log:
+        with open(draft / "supervisor.log", "ab") as log:  # the open file follows the draft's rename
             child = subprocess.Popen(
-                ["/bin/sh", "-c", _RECORD_PID, "sh", str(where / "pid"), *argv],
+                ["/bin/sh", "-c", _CLAIM, "sh", str(draft), str(where), *argv],
                 cwd=launch.workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -105,7 +124,11 @@ class LocalExecutor:
                 start_new_session=True,  # its own session: no signal meant for the server reaches it
             )
         self._children[child.pid] = child
-        return self._handle(where)
+        handle = self._handle(where, child)
+        if handle["pid"] != child.pid:  # another start claimed it first: this one's child exits, the other's runs
+            self._children.pop(child.pid).wait(PID_WAIT_S)
+        self.adopt(handle)
+        return handle
 
     def adopt(self, handle: Handle) -> None:
         devices = Path(handle["dir"]) / "devices.json"
@@ -144,10 +167,14 @@ class LocalExecutor:
     def cancel(self, handle: Handle) -> None:
         self.signal(handle, signal.SIGTERM)
 
-    def _handle(self, where: Path) -> Handle:
-        pid_file = where / "pid"
+    def _handle(self, where: Path, child: subprocess.Popen | None = None) -> Handle:
+        """The execution in ``where`` once it is claimed (by ``child``, this start's, or another start's)."""
+        pid_file = where / "pid"  # a claimed directory has it (one made before claims: its child writes it soon)
         deadline = time.monotonic() + PID_WAIT_S
         while not pid_file.is_file():
+            code = child.poll() if child is not None else None
+            if code not in (None, LOST_CLAIM):
+                raise RuntimeError(f"the execution for {where} did not begin: its starter exited with code {code}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the execution in {where} wrote no pid in {PID_WAIT_S:g} s")
             time.sleep(0.01)

@@ -12,7 +12,7 @@ the job starts again and resumes from its last checkpoint. docs/clusters.md has 
 
     <dir>/job.yaml              the spec the agents read (on the shared filesystem)
          /job.sbatch            the batch script
-         /slurm_job_id          Slurm's id for it, once sbatch took it
+         /slurm_job_id          Slurm's id for it, once sbatch took it: the one submission that runs
          /slurm-<id>.out        the batch script's output (appended to across requeues)
          /slurm-<id>.<node>.out each node's agent's own (a node lost loses no other node's log)
          /nodes-<id>            each node's address, as slurmctld gave it once, at the start
@@ -23,6 +23,8 @@ the job starts again and resumes from its last checkpoint. docs/clusters.md has 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
 import shutil
@@ -37,9 +39,11 @@ from phalanx.control.executors.base import Handle, Launch, Phase, Status
 from phalanx.control.scheduler import ANY_TYPE, Node
 from phalanx.obs.rundir import newest_run
 from phalanx.spec import JobSpec, dump_spec, parse_spec
+from phalanx.storage import write_atomic
 
 CAPACITY_TTL_S = 30.0
 SETTLE_S = 10  # after node 0's agent ended, how long the other agents get to see it and end on their own
+CLAIM_WAIT_S = 120  # how long a submitted batch script waits for its submitter to record it (slurm_job_id)
 # Job states of Slurm's in which the job is not over (squeue(1), "JOB STATE CODES").
 ACTIVE = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -114,10 +118,13 @@ def render(
     partition: str | None = None,
     python: str = sys.executable,
     gpu_type: str | None = None,
+    claim: Path | None = None,
 ) -> str:
     """The sbatch script of ``spec``, whose file is ``job`` (every path absolute: the script runs elsewhere);
     ``partition`` when the spec names none. ``log``: the batch script's output (``%j``: the job id); each
-    node's agent writes its own beside it, <log>.<node name>.out, so that losing one node loses no other's."""
+    node's agent writes its own beside it, <log>.<node name>.out, so that losing one node loses no other's.
+    ``claim``: the file its submitter records the Slurm job id in; a job whose id is not the one recorded
+    there ends at once (``submit``)."""
     opts = spec.slurm
     q = shlex.quote
     low, high = opts.ports
@@ -142,6 +149,7 @@ def render(
         f"from {job}",
         *(f"#SBATCH {d}" for d in directives(spec, workdir, log, partition, gpu_type)),
         "set -uo pipefail",
+        *(_claimed(claim) if claim is not None else []),
         *(["", "# slurm.setup: each node's environment", *opts.setup] if opts.setup else []),
         "",
         "# Every node's address, from one call to slurmctld (not one per node), in a file each agent reads its own",
@@ -196,6 +204,22 @@ def render(
     return "\n".join(lines)
 
 
+def _claimed(claim: Path) -> list[str]:
+    """The batch script's first lines: it runs only as the submission its submitter recorded."""
+    q = shlex.quote(str(claim))
+    return [
+        "",
+        "# Only the submission recorded in slurm_job_id runs. Submitted twice (a server frozen in the middle of",
+        "# sbatch and woken after another submitted the job again), the other ends here; so does one whose",
+        f"# submitter died before recording it ({CLAIM_WAIT_S} s on: a server submits it again).",
+        f"for _ in $(seq {CLAIM_WAIT_S}); do [ -s {q} ] && break; sleep 1; done",
+        f'if [ "$(cat {q} 2>/dev/null)" != "$SLURM_JOB_ID" ]; then',
+        f'    echo "phalanx: Slurm job $SLURM_JOB_ID is not the submission recorded in {q}: it ends unrun"',
+        "    exit 0",
+        "fi",
+    ]
+
+
 def node_log_shown(log: Path) -> str:
     """Each node's log, beside the batch script's, as the docs and messages show it."""
     return log.name.replace("%j", "<job id>").removesuffix(".out") + ".<node>.out"
@@ -222,27 +246,57 @@ def submit(
     gpu_type: str | None = None,
 ) -> Submitted:
     """Write the spec and its batch script into ``where`` (a new directory on the shared filesystem) and sbatch
-    it. Submitting into a directory that was submitted from before returns that job, never a second one."""
+    it. Submitting into a directory that was submitted from before returns that job, never a second one: of
+    two submissions at once, the first recorded in slurm_job_id runs, and the other is cancelled (its batch
+    script ends by itself if it starts first)."""
     where = where.absolute()
     spec = parse_spec(spec_text, source=source)
     runs_dir = (runs_dir or where / "runs").absolute()
-    if (where / "slurm_job_id").is_file():
-        job_id = (where / "slurm_job_id").read_text().strip()
-        return Submitted(job_id, where, where / f"slurm-{job_id}.out", runs_dir)
+    if (recorded := _recorded(where)) is not None:
+        return Submitted(recorded, where, where / f"slurm-{recorded}.out", runs_dir)
     where.mkdir(parents=True, exist_ok=True)
     if spec.checkpoint.dir is None:  # one place for every start of the job: a requeued job resumes from it
         spec = spec.model_copy(
             update={"checkpoint": spec.checkpoint.model_copy(update={"dir": str(where / "checkpoints")})}
         )
         spec_text = dump_spec(spec)
-    (where / "job.yaml").write_text(spec_text)
     log = where / "slurm-%j.out"
-    script = render(spec, where / "job.yaml", runs_dir, workdir.absolute(), log, partition, gpu_type=gpu_type)
-    (where / "job.sbatch").write_text(script)
+    script = render(spec, where / "job.yaml", runs_dir, workdir.absolute(), log, partition, gpu_type=gpu_type,
+                    claim=where / "slurm_job_id")  # fmt: skip
+    for name, text in (("job.yaml", spec_text), ("job.sbatch", script)):
+        _write_once(where / name, text)
     out = _run("sbatch", "--parsable", str(where / "job.sbatch"), cwd=where)
-    job_id = out.split(";")[0].strip()  # --parsable: "ID" or "ID;CLUSTER"
-    (where / "slurm_job_id").write_text(job_id + "\n")
+    job_id = _record(where, out.split(";")[0].strip())  # --parsable: "ID" or "ID;CLUSTER"
     return Submitted(job_id, where, where / f"slurm-{job_id}.out", runs_dir)
+
+
+def _recorded(where: Path) -> str | None:
+    """The Slurm job id recorded as ``where``'s submission, if one is."""
+    with contextlib.suppress(FileNotFoundError):
+        return (where / "slurm_job_id").read_text().strip()
+    return None
+
+
+def _record(where: Path, job_id: str) -> str:
+    """Record ``job_id`` as ``where``'s submission unless another was recorded first (a link made only where
+    none is: all or nothing); then cancel it. The id of the submission that runs."""
+    draft = where / f"slurm_job_id.{job_id}"
+    draft.write_text(job_id + "\n")
+    try:
+        os.link(draft, where / "slurm_job_id")
+    except FileExistsError:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=60)  # if it started, it ends by itself
+        return _recorded(where) or job_id
+    finally:
+        draft.unlink()
+    return job_id
+
+
+def _write_once(path: Path, text: str) -> None:
+    """A file of the submission's, written whole; left as it is when another submission of it wrote it: an
+    agent may be reading it."""
+    if not (path.is_file() and path.read_text() == text):
+        write_atomic(path, text.encode())
 
 
 @dataclass(frozen=True)
