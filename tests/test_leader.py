@@ -161,6 +161,43 @@ def test_another_server_takes_the_loop_over_from_a_frozen_or_killed_one(tmp_path
             server.stop()
 
 
+def test_a_sqlite_store_moves_to_postgresql_whole(tmp_path: Path, postgres) -> None:
+    """A server's SQLite store (a tenant, a member's token, a job that ran and one cancelled while queued) copied
+    by `phalanx db copy` into PostgreSQL: the server started on it answers the same to the same token, and a new
+    job runs under a new number. A database a server runs on, and a target with rows, are refused."""
+    marks, target = tmp_path / "marks", postgres.database()
+    marks.mkdir()
+    source = f"sqlite:///{tmp_path / 'data' / 'phalanx.db'}"
+    first = PhalanxServer(tmp_path, slots=1)
+    try:
+        first.admin.create_tenant("team", 1)
+        first.admin.create_user("alice", "member", "team")
+        token = first.admin.create_token("test", "alice")["token"]
+        client = Client(first.url, token)
+        ran = client.submit(_spec("ran", marks))["id"]
+        client.cancel(client.submit(_spec("cancelled", marks))["id"])
+        wait_for(client, ran, {"SUCCEEDED"}, timeout=60)
+        before = client.jobs()
+        refused = cli({}, "db", "copy", source, target)
+        assert refused.returncode == 2 and "a server runs on the source database" in refused.stderr, refused
+    finally:
+        first.stop()
+    copied = cli({}, "db", "copy", source, target)
+    assert copied.returncode == 0 and "jobs 2" in copied.stdout, copied
+    again = cli({}, "db", "copy", source, target)
+    assert again.returncode == 2 and "already has rows in tenants, users" in again.stderr, again
+    moved = PhalanxServer(tmp_path, slots=1, database=target)
+    try:
+        client = Client(moved.url, token)
+        assert client.jobs() == before
+        new = client.submit(_spec("new", marks))["id"]
+        assert new not in {job["id"] for job in before}
+        assert wait_for(client, new, {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
+    finally:
+        moved.stop()
+    assert sorted(path.name for path in marks.iterdir()) == ["new", "ran"]
+
+
 def test_several_workers_need_postgresql(tmp_path: Path) -> None:
     refused = cli({}, "server", "--data-dir", str(tmp_path), "--workers", "2", "--port", "1")
     assert refused.returncode == 2 and "--workers 2: several processes need PostgreSQL" in refused.stderr, refused

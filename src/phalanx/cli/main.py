@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.syntax import Syntax
 
-from phalanx.cli import admin, chaos, ckpt, clusters, data, jobs, server, sim
+from phalanx.cli import admin, chaos, ckpt, clusters, data, db, jobs, server, sim
 from phalanx.cli.common import JOB, RUNS_DIR, err, load_checked, out
 from phalanx.spec import dump_spec
 
@@ -117,7 +117,7 @@ def agent(
     os._exit(code)
 
 
-for group in (data, ckpt, chaos, sim, server, jobs, admin, clusters):
+for group in (data, ckpt, chaos, sim, server, db, jobs, admin, clusters):
     group.register(app)
 
 

@@ -6,10 +6,12 @@ is a bug."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,16 +28,35 @@ from phalanx.control.server.routes import dashboard, jobs, tenants
 from phalanx.control.store import Ambiguous, Forbidden, NotFound
 from phalanx.spec import SpecError
 
+if TYPE_CHECKING:
+    from phalanx.control.server.loop import Controller
+
 MAX_BODY = 1 << 20  # bytes of a request body
 UI = Path(__file__).parent / "ui"  # the dashboard's pages, scripts and charting library: no CDN at run time
 
 
-def create_app(server: Server) -> FastAPI:
+def create_app(server: Server, controller: Controller | None = None) -> FastAPI:
+    """The app; with ``controller``, its control loop runs while the app serves. It stops, giving its lease up,
+    as the app shuts down: uvicorn ends a process it stopped on SIGTERM with that signal again, so nothing after
+    the server's return would run."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if controller is None:
+            yield
+            return
+        controller.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(controller.stop)
+
     app = FastAPI(
         title="phalanx",
         version="1",
         description="Submit, schedule, run and track training jobs for many tenants.",
         max_body_size=MAX_BODY,
+        lifespan=lifespan,
     )
     app.state.server = server
     app.router.route_class = inputs.StrictJSONRoute

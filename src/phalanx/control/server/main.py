@@ -3,7 +3,6 @@ over the executor's cluster, and serve the API."""
 
 from __future__ import annotations
 
-import atexit
 import base64
 import gc
 import logging
@@ -115,14 +114,10 @@ def serve(settings: Settings) -> None:
         return
     server, controller, token = build(settings)
     _welcome(settings, token)
-    controller.start()
     # Everything imported so far (hundreds of thousands of objects) lives as long as the server:
     # out of the garbage collector's sight, a full collection no longer stalls requests for a tenth of a second.
     gc.freeze()
-    try:
-        uvicorn.run(create_app(server), host=settings.host, port=settings.port, log_level="info")
-    finally:
-        controller.stop()
+    uvicorn.run(create_app(server, controller), host=settings.host, port=settings.port, log_level="info")
 
 
 def log_to_stderr() -> None:
@@ -135,9 +130,7 @@ def worker_app() -> FastAPI:
     log_to_stderr()  # a process of its own: uvicorn starts it afresh
     settings = pickle.loads(base64.b64decode(os.environ[SETTINGS_ENV]))  # written by serve(), this server's parent
     server, controller, _ = build(settings)
-    controller.start()
-    atexit.register(controller.stop)
-    return create_app(server)
+    return create_app(server, controller)
 
 
 def _welcome(settings: Settings, token: str | None) -> None:
