@@ -82,9 +82,11 @@ class LocalExecutor:
 
     def start(self, launch: Launch) -> Handle:
         where = self.root / launch.job_id / f"attempt-{launch.attempt}"
-        if where.exists():  # started before (by this server before a crash, or by another): never a second one
-            return self._handle(where)
-        return self._claim(where, self._draft(where, launch), launch)
+        # Started before (by this server before a crash, or by another): found, never a second one.
+        started = where.exists()
+        handle = self._handle(where) if started else self._claim(where, self._draft(where, launch), launch)
+        self.adopt(handle)  # the GPUs it holds, whichever start began it
+        return handle
 
     def _draft(self, where: Path, launch: Launch) -> Path:
         """The execution's directory, filled beside where it goes: its spec, and the GPUs it is to hold."""
@@ -105,7 +107,7 @@ class LocalExecutor:
 
     def _claim(self, where: Path, draft: Path, launch: Launch) -> Handle:
         """Start the child that claims ``where`` with ``draft``, then becomes the supervisor; the handle of
-        whichever start claimed it, and the GPUs that one holds, counted here."""
+        whichever start claimed it."""
         env = dict(os.environ)
         if self.gpus:
             devices = json.loads((draft / "devices.json").read_text())["devices"]
@@ -127,7 +129,6 @@ class LocalExecutor:
         handle = self._handle(where, child)
         if handle["pid"] != child.pid:  # another start claimed it first: this one's child exits, the other's runs
             self._children.pop(child.pid).wait(PID_WAIT_S)
-        self.adopt(handle)
         return handle
 
     def adopt(self, handle: Handle) -> None:
