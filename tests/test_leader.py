@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from sqlalchemy import select
 
 from phalanx.client import Client
 from phalanx.control.executors import Launch, LocalExecutor, Phase
+from phalanx.control.server.main import bootstrap
 from phalanx.control.store import Tenant, open_store
 from phalanx.control.store.lease import Fenced, LoopLease, leader
 from servers import PhalanxServer
@@ -46,6 +48,28 @@ def test_a_holder_that_lost_the_lease_cannot_write(postgres) -> None:
     second.release()  # a server stopping: the lease is another's to take at once
     assert first.hold() and first.epoch == 3
     store.engine.dispose()
+
+
+def test_servers_starting_at_once_on_a_new_database_make_one_admin(postgres) -> None:
+    """Four servers' starts at once on a new PostgreSQL database: the migrations run once (in turn, under a
+    lock), one admin is made and its token shown once, and no start fails."""
+    database = postgres.database()
+    tokens, failed = [], []
+
+    def start() -> None:
+        try:
+            store = open_store(database)
+            tokens.append(bootstrap(store))
+            store.engine.dispose()
+        except Exception as e:  # what a start would die of
+            failed.append(e)
+
+    starts = [threading.Thread(target=start) for _ in range(4)]
+    for thread in starts:
+        thread.start()
+    for thread in starts:
+        thread.join(60)
+    assert not failed and len(tokens) == 4 and sum(token is not None for token in tokens) == 1, (failed, tokens)
 
 
 def _spec(name: str, marks: Path, seconds: float = 0.2) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from phalanx.control import scheduler as core
 from phalanx.control.executors import Executor, LocalExecutor, SlurmExecutor
@@ -52,17 +53,21 @@ class Settings:
 
 
 def bootstrap(store: Store) -> str | None:
-    """On a database with no users: the first admin, and its token (None when there are users already)."""
-    with store.write() as s:
-        if s.scalar(select(User).limit(1)) is not None:
-            return None
-        now = time.time()
-        admin = User(name="admin", tenant=None, role=Role.ADMIN, created_at=now)
-        s.add(admin)
-        s.flush()
-        row, token = auth.issue(admin, "bootstrap", now, expires_at=None)
-        s.add(row)
-        return token
+    """On a database with no users: the first admin, and its token (None when there are users already, or
+    another server starting on the same new database made the admin first)."""
+    try:
+        with store.write() as s:
+            if s.scalar(select(User).limit(1)) is not None:
+                return None
+            now = time.time()
+            admin = User(name="admin", tenant=None, role=Role.ADMIN, created_at=now)
+            s.add(admin)
+            s.flush()
+            row, token = auth.issue(admin, "bootstrap", now, expires_at=None)
+            s.add(row)
+    except IntegrityError:  # the admin's row is another server's: its token was shown there
+        return None
+    return token
 
 
 def make_executor(settings: Settings, jobs_dir: Path) -> Executor:

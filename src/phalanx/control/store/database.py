@@ -11,12 +11,13 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK = 0x7068616C616E78  # "phalanx": the advisory lock a migration of a PostgreSQL store holds
 
 
 class StoreError(RuntimeError):
@@ -63,6 +64,8 @@ def migrate(engine: Engine, revision: str = "head") -> None:
             _pragma(connection, "foreign_keys=OFF")  # outside a transaction, or SQLite ignores it
         try:
             with connection.begin():
+                if connection.dialect.name == "postgresql":  # servers starting at once on a new database: in turn
+                    connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
                 config.attributes["connection"] = connection
                 command.upgrade(config, revision)
                 if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()):
