@@ -279,13 +279,14 @@ def _recorded(where: Path) -> str | None:
 
 def _record(where: Path, job_id: str) -> str:
     """Record ``job_id`` as ``where``'s submission unless another was recorded first (a link made only where
-    none is: all or nothing); then cancel it. The id of the submission that runs."""
+    none is: all or nothing), and else cancel ``job_id``. The id of the submission that runs."""
     draft = where / f"slurm_job_id.{job_id}"
     draft.write_text(job_id + "\n")
     try:
         os.link(draft, where / "slurm_job_id")
     except FileExistsError:
-        subprocess.run(["scancel", job_id], capture_output=True, timeout=60)  # if it started, it ends by itself
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # if it started, it ends by itself anyway
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
         return _recorded(where) or job_id
     finally:
         draft.unlink()
