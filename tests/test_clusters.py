@@ -23,6 +23,7 @@ from phalanx.control.executors.slurm import SlurmExecutor, _record, job_info, re
 from phalanx.obs import read_jsonl
 from phalanx.spec import parse_spec
 from servers import PhalanxServer, SlurmCluster
+from test_leader import marking_spec
 from test_platform import tiny, wait_for
 
 STEPS = 150  # long enough to take a node down after the first checkpoints: ~10 s here
@@ -407,8 +408,8 @@ def test_a_job_submitted_twice_at_once_runs_once(slurm: SlurmCluster, tmp_path: 
     the same execution again: its submission's batch script, not the one recorded, ends unrun, and the woken
     server is handed the recorded one (and cancels its own)."""
     marks = tmp_path / "marks"
-    script = f"open({str(marks)!r}, 'a').write('started\\n')"
-    text = f"name: once\nresources: {{device: cpu}}\ncommand: [{sys.executable}, -c, {script!r}]\n"
+    marks.mkdir()
+    text = marking_spec("once", marks)
     with pytest.MonkeyPatch.context() as m:
         m.setenv("SLURM_CONF", str(slurm.conf))
         recorded = submit(text, tmp_path / "job", tmp_path).job_id
@@ -416,7 +417,7 @@ def test_a_job_submitted_twice_at_once_runs_once(slurm: SlurmCluster, tmp_path: 
         for job_id in (late, recorded):
             _until(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"})
         assert _record(tmp_path / "job", late) == recorded  # woken, it records its own: handed the other
-    assert _info(slurm, recorded).state == "COMPLETED" and marks.read_text() == "started\n"
+    assert _info(slurm, recorded).state == "COMPLETED" and (marks / "once").read_text() == "started\n"
     assert "is not the submission recorded" in (tmp_path / "job" / f"slurm-{late}.out").read_text()
 
 

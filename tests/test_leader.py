@@ -72,7 +72,7 @@ def test_servers_starting_at_once_on_a_new_database_make_one_admin(postgres) -> 
     assert not failed and len(tokens) == 4 and sum(token is not None for token in tokens) == 1, (failed, tokens)
 
 
-def _spec(name: str, marks: Path, seconds: float = 0.2) -> str:
+def marking_spec(name: str, marks: Path, seconds: float = 0.2) -> str:
     """A short job that notes each start of it: a job started twice leaves two lines."""
     script = f"open({str(marks / name)!r}, 'a').write('started\\n'); import time; time.sleep({seconds})"
     return f"name: {name}\nresources: {{device: cpu}}\ncommand: [{sys.executable}, -c, {script!r}]\n"
@@ -93,7 +93,7 @@ def test_a_start_interrupted_before_its_claim_is_started_once(tmp_path: Path) ->
     marks = tmp_path / "marks"
     marks.mkdir()
     frozen, taker = (LocalExecutor(tmp_path / "jobs", slots=1) for _ in range(2))
-    launch = Launch("j", 1, _spec("j", marks), str(tmp_path), {"local": 1}, 1)
+    launch = Launch("j", 1, marking_spec("j", marks), str(tmp_path), {"local": 1}, 1)
     where = tmp_path / "jobs" / "j" / "attempt-1"
     draft = frozen._draft(where, launch)  # frozen here
     started = taker.start(launch)
@@ -141,7 +141,7 @@ def test_another_server_takes_the_loop_over_from_a_frozen_or_killed_one(tmp_path
 
         held, epoch = leader_of(clients[1])
         assert _pid(held) == first.proc.pid, held  # the first started first
-        few = [clients[0].submit(_spec(f"k{i}", marks))["id"] for i in range(4)]
+        few = [clients[0].submit(marking_spec(f"k{i}", marks))["id"] for i in range(4)]
         time.sleep(0.25)  # frozen while it admits and starts them, at whatever point
         first.proc.send_signal(signal.SIGSTOP)
         try:
@@ -157,7 +157,7 @@ def test_another_server_takes_the_loop_over_from_a_frozen_or_killed_one(tmp_path
             assert time.monotonic() < deadline, "the woken server did not step down"
             time.sleep(0.1)
 
-        jobs = [clients[i % 2].submit(_spec(f"j{i}", marks, 2.0))["id"] for i in range(12)]
+        jobs = [clients[i % 2].submit(marking_spec(f"j{i}", marks, 2.0))["id"] for i in range(12)]
         deadline = time.monotonic() + 60
         while sum(clients[0].job(j)["state"] == "RUNNING" for j in jobs) < 2:
             assert time.monotonic() < deadline
@@ -198,8 +198,8 @@ def test_a_sqlite_store_moves_to_postgresql_whole(tmp_path: Path, postgres) -> N
         first.admin.create_user("alice", "member", "team")
         token = first.admin.create_token("test", "alice")["token"]
         client = Client(first.url, token)
-        ran = client.submit(_spec("ran", marks))["id"]
-        client.cancel(client.submit(_spec("cancelled", marks))["id"])
+        ran = client.submit(marking_spec("ran", marks))["id"]
+        client.cancel(client.submit(marking_spec("cancelled", marks))["id"])
         wait_for(client, ran, {"SUCCEEDED"}, timeout=60)
         before = client.jobs()
         refused = cli({}, "db", "copy", source, target)
@@ -214,7 +214,7 @@ def test_a_sqlite_store_moves_to_postgresql_whole(tmp_path: Path, postgres) -> N
     try:
         client = Client(moved.url, token)
         assert client.jobs() == before
-        new = client.submit(_spec("new", marks))["id"]
+        new = client.submit(marking_spec("new", marks))["id"]
         assert new not in {job["id"] for job in before}
         assert wait_for(client, new, {"SUCCEEDED", "FAILED"}, timeout=60)["state"] == "SUCCEEDED"
     finally:
